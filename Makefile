@@ -1,0 +1,50 @@
+# startsafe: two commands on a fresh machine.
+#   make run   install, migrate, seed demo data, serve console + API + worker + schedule
+#              on the embedded default (SQLite, a Celery transport with no server)
+#   make test  install what the tests need and run the whole suite on PostgreSQL
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TEST_DATABASE_URL := $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/startsafe)
+
+.PHONY: run test lint format install install-test clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+
+$(VENV)/.installed-run: pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml startsafe_client/pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/pip install --quiet -e '.[test]' -e ./startsafe_client
+	touch $@ $(VENV)/.installed-run
+
+install: $(VENV)/.installed-run
+install-test: $(VENV)/.installed-test
+
+run: install
+	DEBUG=$${DEBUG:-1} $(PY) manage.py migrate --noinput
+	DEBUG=$${DEBUG:-1} $(PY) manage.py seed_demo
+	DEBUG=$${DEBUG:-1} PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f Procfile.dev start
+
+test: install-test
+	@$(PY) -m startsafe.checkdb "$(TEST_DATABASE_URL)"
+	@command -v chromium >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+		else echo "Browser tests need Debian's chromium: sudo apt-get install -y chromium"; exit 1; fi; }
+	DATABASE_URL="$(TEST_DATABASE_URL)" DEBUG=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install-test
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf var .pytest_cache

@@ -1,0 +1,326 @@
+"""People's decisions on effects and runs (product.md, "Which action is allowed").
+
+Each decision names the ``args_hash`` the operator was shown; one made for a hash
+that is no longer current is refused (``StaleArgs``), so what runs is exactly what
+a person saw. Checks go in the console's order: permission, then state, then hash.
+An awaiting effect past its deadline counts as expired for every action: it is
+recorded ``expired`` (by the system) and the decision is refused.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from approvals.models import Approval
+from runs.audit import Actor, record_event
+from runs.canonical import args_hash as compute_args_hash
+from runs.errors import Forbidden, InvalidRequest, NotAllowed, NotFound, StaleArgs
+from runs.lifecycle import (
+    clear_claim,
+    expire_if_past_deadline,
+    released_status,
+    save_effect,
+    set_run_status,
+)
+from runs.models import Effect, EffectStatus, EffectVersion, Run, RunStatus
+
+DECIDE_PERMISSION = "approvals.decide"
+
+
+def can_decide(user) -> bool:
+    return bool(user and user.is_active and user.has_perm(DECIDE_PERMISSION))
+
+
+def _require_decider(user) -> Actor:
+    if not can_decide(user):
+        raise Forbidden("You may not decide: this needs the operator role.")
+    return Actor.for_user(user)
+
+
+def _require_note(note: str) -> str:
+    note = (note or "").strip()
+    if not note:
+        raise InvalidRequest(
+            "A note is required for this decision.", {"fields": {"note": "required"}}
+        )
+    return note
+
+
+def _lock_effect(effect_id: Any) -> Effect:
+    effect = Effect.objects.select_for_update().filter(pk=effect_id).first()
+    if effect is None:
+        raise NotFound("No such effect.")
+    return effect
+
+
+def _decision(verb: str, actor: Actor, now: datetime, note: str, digest: str, final: bool = False):
+    return {
+        "verb": verb,
+        "by": actor.label,
+        "at": now.isoformat(),
+        "note": note,
+        "args_hash": digest,
+        "final": final,
+    }
+
+
+def _decide_effect(effect_id: Any, user, args_hash: str, allowed: tuple, now: datetime, decide):
+    """Lock the effect, check expiry, status and hash, then apply ``decide``.
+
+    1. Permission first (403), then the effect (404).
+    2. An awaiting effect past its deadline is recorded expired; that change is
+       committed, then the decision is refused (409).
+    3. A status the table does not allow is 409; a stale hash is 409.
+    """
+    actor = _require_decider(user)
+    if not args_hash:
+        raise InvalidRequest("args_hash is required.", {"fields": {"args_hash": "required"}})
+    refusal = None
+    with transaction.atomic():
+        effect = _lock_effect(effect_id)
+        if expire_if_past_deadline(effect, now):
+            refusal = NotAllowed(
+                "The approval deadline passed: the effect expired.", {"status": effect.status}
+            )
+        elif effect.status not in allowed:
+            raise NotAllowed(
+                f"This action is not allowed while the effect is {effect.status}.",
+                {"status": effect.status},
+            )
+        elif args_hash != effect.args_hash:
+            raise StaleArgs(
+                "The arguments changed since you saw them: review the new content.",
+                {"status": effect.status, "args_hash": effect.args_hash},
+            )
+        else:
+            decide(effect, actor)
+    if refusal is not None:
+        raise refusal
+    return effect
+
+
+def approve_effect(
+    user,
+    effect_id: Any,
+    *,
+    args_hash: str,
+    note: str = "",
+    edited_args: dict | None = None,
+    now: datetime | None = None,
+) -> Effect:
+    """Approve the version the operator saw, optionally after editing it.
+
+    An edit is a new version authored by the operator; older approvals stop
+    counting. The effect becomes ``approved`` once ``approvals_required`` distinct
+    operators approved the current version.
+    """
+    now = now or timezone.now()
+    note = (note or "").strip()
+
+    def decide(effect: Effect, actor: Actor) -> None:
+        if edited_args is not None:
+            if not isinstance(edited_args, dict):
+                raise InvalidRequest(
+                    "The edited arguments must be a JSON object.", {"fields": {"args": "object"}}
+                )
+            edited_hash = compute_args_hash(edited_args)
+            if edited_hash != effect.args_hash:
+                effect.args = edited_args
+                effect.args_hash = edited_hash
+                effect.args_versions += 1
+                effect.current_approvals = []
+                EffectVersion.objects.create(
+                    effect=effect,
+                    number=effect.args_versions,
+                    args=edited_args,
+                    args_hash=edited_hash,
+                    author=actor.author,
+                    adopted=True,
+                    at=now,
+                )
+                save_effect(
+                    effect,
+                    actor,
+                    "args_edited",
+                    now,
+                    note=note,
+                    data={"args_hash": edited_hash, "previous_args_hash": args_hash},
+                )
+        if any(a["by"] == actor.label for a in effect.current_approvals):
+            raise NotAllowed("You already approved this version.", {"status": effect.status})
+        try:
+            with transaction.atomic():
+                Approval.objects.create(
+                    effect=effect, user=user, args_hash=effect.args_hash, note=note, at=now
+                )
+        except IntegrityError:
+            raise NotAllowed(
+                "You already approved this version.", {"status": effect.status}
+            ) from None
+        effect.current_approvals = [
+            *effect.current_approvals,
+            {"by": actor.label, "at": now.isoformat(), "note": note, "args_hash": effect.args_hash},
+        ]
+        if len(effect.current_approvals) >= effect.approvals_required:
+            effect.decision = _decision("approved", actor, now, note, effect.args_hash)
+            save_effect(effect, actor, "approved", now, status=EffectStatus.APPROVED, note=note)
+        else:
+            save_effect(
+                effect,
+                actor,
+                "approval_added",
+                now,
+                note=note,
+                data={
+                    "approvals": len(effect.current_approvals),
+                    "required": effect.approvals_required,
+                },
+            )
+
+    return _decide_effect(
+        effect_id, user, args_hash, (EffectStatus.AWAITING_APPROVAL,), now, decide
+    )
+
+
+def reject_effect(
+    user,
+    effect_id: Any,
+    *,
+    args_hash: str,
+    note: str,
+    final: bool = False,
+    now: datetime | None = None,
+) -> Effect:
+    """Reject: it never executes. Unless ``final``, a revision asks again."""
+    now = now or timezone.now()
+    note = _require_note(note)
+
+    def decide(effect: Effect, actor: Actor) -> None:
+        effect.decision = _decision("rejected", actor, now, note, effect.args_hash, final)
+        save_effect(
+            effect,
+            actor,
+            "rejected",
+            now,
+            status=EffectStatus.REJECTED,
+            note=note,
+            data={"final": final},
+        )
+
+    allowed = (EffectStatus.AWAITING_APPROVAL, EffectStatus.APPROVED, EffectStatus.UNKNOWN)
+    return _decide_effect(effect_id, user, args_hash, allowed, now, decide)
+
+
+def mark_effect_done(
+    user,
+    effect_id: Any,
+    *,
+    args_hash: str,
+    note: str,
+    result: Any = None,
+    now: datetime | None = None,
+) -> Effect:
+    """It happened (or a person did it): ``done``, with the note (and result) as outcome."""
+    now = now or timezone.now()
+    note = _require_note(note)
+
+    def decide(effect: Effect, actor: Actor) -> None:
+        effect.decision = _decision("marked_done", actor, now, note, effect.args_hash)
+        if result is not None:
+            effect.result = result
+        effect.timeout_at = None
+        save_effect(
+            effect,
+            actor,
+            "marked_done",
+            now,
+            status=EffectStatus.DONE,
+            note=note,
+            data={"result": result},
+        )
+
+    allowed = (
+        EffectStatus.AWAITING_APPROVAL,
+        EffectStatus.APPROVED,
+        EffectStatus.FAILED,
+        EffectStatus.UNKNOWN,
+    )
+    return _decide_effect(effect_id, user, args_hash, allowed, now, decide)
+
+
+def release_effect(
+    user, effect_id: Any, *, args_hash: str, note: str, now: datetime | None = None
+) -> Effect:
+    """It did not happen: an unknown effect may be claimed again."""
+    now = now or timezone.now()
+    note = _require_note(note)
+
+    def decide(effect: Effect, actor: Actor) -> None:
+        effect.decision = _decision("released", actor, now, note, effect.args_hash)
+        clear_claim(effect)
+        save_effect(effect, actor, "released", now, status=released_status(effect), note=note)
+
+    return _decide_effect(effect_id, user, args_hash, (EffectStatus.UNKNOWN,), now, decide)
+
+
+def _decide_run(run_id: Any, user, now: datetime, decide) -> Run:
+    actor = _require_decider(user)
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(pk=run_id).first()
+        if run is None:
+            raise NotFound("No such run.")
+        if run.status not in (RunStatus.INTERRUPTED, RunStatus.FAILED):
+            raise NotAllowed(
+                f"This action is not allowed while the run is {run.status}.",
+                {"status": run.status},
+            )
+        decide(run, actor)
+    return run
+
+
+def allow_restart(user, run_id: Any, *, note: str, now: datetime | None = None) -> Run:
+    """An override the next start consumes, whatever the verdict; the run is handed back."""
+    now = now or timezone.now()
+    note = _require_note(note)
+
+    def decide(run: Run, actor: Actor) -> None:
+        run.override_by = user
+        run.override_at = now
+        run.override_note = note
+        run.restart_ready = True
+        run.updated_at = now
+        run.save()
+        record_event(
+            actor,
+            "restart_allowed",
+            at=now,
+            run=run,
+            attempt_number=run.current_attempt,
+            old_status=run.status,
+            new_status=run.status,
+            note=note,
+        )
+        from runs.handoff import schedule_restart_handoff
+
+        schedule_restart_handoff(run)
+
+    return _decide_run(run_id, user, now, decide)
+
+
+def abandon_run(user, run_id: Any, *, note: str, now: datetime | None = None) -> Run:
+    """The run is given up for good; its effects keep their statuses."""
+    now = now or timezone.now()
+    note = _require_note(note)
+
+    def decide(run: Run, actor: Actor) -> None:
+        run.restart_ready = False
+        run.override_by = None
+        run.override_at = None
+        run.override_note = ""
+        set_run_status(run, RunStatus.ABANDONED, actor, now, note=note)
+
+    return _decide_run(run_id, user, now, decide)

@@ -1,0 +1,114 @@
+"""Django admin: agents (create, deactivate, rotate a token shown once), the journal read-only."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.utils import timezone
+
+from runs.models import Agent, Attempt, AuditEvent, Call, Effect, EffectVersion, Run
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """The journal is changed only by its rules, never by hand in the admin."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Agent)
+class AgentAdmin(admin.ModelAdmin):
+    list_display = ["name", "is_active", "token_hint", "created_at", "token_rotated_at"]
+    list_filter = ["is_active"]
+    search_fields = ["name"]
+    fields = ["name", "is_active", "token_hint", "created_at", "token_rotated_at"]
+    readonly_fields = ["token_hint", "created_at", "token_rotated_at"]
+    actions = ["rotate_tokens", "deactivate"]
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # an agent's runs and keys outlive it; deactivate instead
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            token = obj.set_new_token()
+            super().save_model(request, obj, form, change)
+            messages.warning(
+                request,
+                f"The token of {obj.name} is {token} — copy it now, it is not shown again.",
+            )
+        else:
+            super().save_model(request, obj, form, change)
+
+    @admin.action(
+        description="Rotate the token (the new one is shown once)", permissions=["change"]
+    )
+    def rotate_tokens(self, request, queryset):
+        for agent in queryset:
+            token = agent.set_new_token()
+            agent.token_rotated_at = timezone.now()
+            agent.save()
+            messages.warning(
+                request, f"New token of {agent.name}: {token} — copy it now, it is not shown again."
+            )
+
+    @admin.action(
+        description="Deactivate (its token stops working at once)", permissions=["change"]
+    )
+    def deactivate(self, request, queryset):
+        count = queryset.update(is_active=False)
+        messages.info(request, f"{count} agent(s) deactivated.")
+
+
+class AttemptInline(admin.TabularInline):
+    model = Attempt
+    extra = 0
+    can_delete = False
+    fields = ["number", "status", "started_at", "ended_at", "started_by", "reason", "error"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Run)
+class RunAdmin(ReadOnlyAdmin):
+    list_display = ["run_key", "agent", "status", "restart_policy", "current_attempt", "updated_at"]
+    list_filter = ["status", "restart_policy", "agent"]
+    search_fields = ["run_key", "title"]
+    inlines = [AttemptInline]
+
+
+@admin.register(Attempt)
+class AttemptAdmin(ReadOnlyAdmin):
+    list_display = ["run", "number", "status", "started_by", "started_at", "ended_at"]
+    list_filter = ["status"]
+
+
+@admin.register(Call)
+class CallAdmin(ReadOnlyAdmin):
+    list_display = ["run", "attempt_number", "seq", "tool", "kind", "action", "at"]
+    list_filter = ["kind", "action"]
+
+
+@admin.register(Effect)
+class EffectAdmin(ReadOnlyAdmin):
+    list_display = ["tool", "key", "status", "needs_approval", "agent", "updated_at"]
+    list_filter = ["status", "needs_approval", "key_source"]
+    search_fields = ["key", "tool"]
+
+
+@admin.register(EffectVersion)
+class EffectVersionAdmin(ReadOnlyAdmin):
+    list_display = ["effect", "number", "author", "adopted", "at"]
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(ReadOnlyAdmin):
+    list_display = ["at", "actor", "verb", "run", "effect", "old_status", "new_status"]
+    list_filter = ["verb", "actor_kind"]
+    search_fields = ["actor", "note"]

@@ -1,0 +1,70 @@
+"""Who did something, and the append-only audit row every change writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from runs.models import Agent, AuditEvent, Effect, Run
+
+
+@dataclass(frozen=True)
+class Actor:
+    """An agent, an operator (a Django user) or the system."""
+
+    kind: str  # "agent", "operator" or "system"
+    label: str  # "agent:<name>", "<username>" or "system"
+    user: Any = None
+    agent: Agent | None = None
+
+    @classmethod
+    def for_agent(cls, agent: Agent) -> Actor:
+        return cls(kind="agent", label=agent.label, agent=agent)
+
+    @classmethod
+    def for_user(cls, user) -> Actor:
+        return cls(kind="operator", label=user.get_username(), user=user)
+
+    @property
+    def author(self) -> str:
+        """How an argument version names its author."""
+        return self.label if self.kind != "operator" else f"operator:{self.label}"
+
+
+SYSTEM = Actor(kind="system", label="system")
+
+
+def record_event(
+    actor: Actor,
+    verb: str,
+    *,
+    at: datetime,
+    run: Run | None = None,
+    effect: Effect | None = None,
+    attempt_number: int | None = None,
+    old_status: str = "",
+    new_status: str = "",
+    note: str = "",
+    data: dict | None = None,
+) -> AuditEvent:
+    if actor.agent is not None:
+        agent_id = actor.agent.pk
+    elif run is not None:
+        agent_id = run.agent_id
+    else:
+        agent_id = effect.agent_id if effect is not None else None
+    return AuditEvent.objects.create(
+        at=at,
+        actor=actor.label,
+        actor_kind=actor.kind,
+        verb=verb,
+        agent_id=agent_id,
+        run=run,
+        effect=effect,
+        attempt_number=attempt_number,
+        old_status=old_status or "",
+        new_status=new_status or "",
+        note=note or "",
+        data=data or {},
+    )

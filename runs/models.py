@@ -1,0 +1,427 @@
+"""The journal: agents, runs, attempts, calls, effects, argument versions, audit events.
+
+Statuses change only through the functions in ``runs/lifecycle.py`` and
+``approvals/decisions.py``; each change writes an ``AuditEvent``. The database keeps
+the invariants a race could break (named constraints below), not the application.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+TOKEN_PREFIX = "ss_"
+
+
+def hash_token(token: str) -> str:
+    """SHA-256 of a token. Tokens are 256 random bits, so a fast hash is enough."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+class Agent(models.Model):
+    """An API client identity. Its token is stored hashed, never in clear."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=100, unique=True)
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    # The first characters of the token, so an admin can tell tokens apart.
+    token_hint = models.CharField(max_length=12, editable=False, default="")
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    token_rotated_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def label(self) -> str:
+        return f"agent:{self.name}"
+
+    def set_new_token(self) -> str:
+        """Give the agent a new token and return it; only its hash is kept."""
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        self.token_hash = hash_token(token)
+        self.token_hint = token[:8]
+        return token
+
+    def token_matches(self, token: str) -> bool:
+        return hmac.compare_digest(self.token_hash, hash_token(token))
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running"
+    INTERRUPTED = "interrupted"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+
+
+FINISHED_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.ABANDONED)
+STOPPED_RUN_STATUSES = (RunStatus.INTERRUPTED, RunStatus.FAILED)
+
+
+class RestartPolicy(models.TextChoices):
+    KEYED = "keyed"
+    BLUNT = "blunt"
+    MANUAL = "manual"
+
+
+class Run(models.Model):
+    """One task of an agent, named by its ``run_key``; starting it again is a restart."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="runs")
+    run_key = models.CharField(max_length=200)
+    title = models.CharField(max_length=200, blank=True, default="")
+    input = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.RUNNING)
+    restart_policy = models.CharField(
+        max_length=10, choices=RestartPolicy.choices, default=RestartPolicy.KEYED
+    )
+    heartbeat_timeout = models.PositiveIntegerField(default=60)
+    heartbeat_at = models.DateTimeField()
+    # heartbeat_at + heartbeat_timeout, kept as a column so the sweep's query is
+    # one range scan of a partial index instead of arithmetic on every row.
+    stale_at = models.DateTimeField()
+    current_attempt = models.PositiveIntegerField(default=1)
+    restart_ready = models.BooleanField(default=False)
+    restart_url = models.URLField(max_length=2000, null=True, blank=True)
+    # Automatic hand-backs made so far (capped by STARTSAFE["AUTO_RESTART_CAP"]).
+    auto_restarts = models.PositiveIntegerField(default=0)
+    # An operator's "allow restart", waiting for the next start that consumes it.
+    override_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    override_at = models.DateTimeField(null=True, blank=True)
+    override_note = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["agent", "run_key"], name="run_key_unique_per_agent"),
+        ]
+        indexes = [
+            # The sweep: running runs whose heartbeat is older than their timeout.
+            models.Index(
+                fields=["stale_at"], name="run_sweep_stale_idx", condition=Q(status="running")
+            ),
+            # The queue: stopped runs that may need a person's decision.
+            models.Index(
+                fields=["-updated_at"],
+                name="run_queue_stopped_idx",
+                condition=Q(status__in=["interrupted", "failed"]),
+            ),
+            # The runs page and GET /runs: an agent's runs, newest first, by status.
+            models.Index(fields=["agent", "-created_at"], name="run_agent_created_idx"),
+            models.Index(fields=["status", "-created_at"], name="run_status_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.run_key
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED_RUN_STATUSES
+
+    @property
+    def has_override(self) -> bool:
+        return self.override_at is not None
+
+
+class AttemptStatus(models.TextChoices):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    SUPERSEDED = "superseded"
+
+
+class Attempt(models.Model):
+    """One start of a run. The list of attempts is the restart history."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    status = models.CharField(
+        max_length=20, choices=AttemptStatus.choices, default=AttemptStatus.RUNNING
+    )
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    # "agent", "auto", or "operator:<username>"
+    started_by = models.CharField(max_length=200, default="agent")
+    reason = models.TextField(blank=True, default="")
+    agent_version = models.CharField(max_length=100, null=True, blank=True)
+    verdict_at_start = models.JSONField(null=True, blank=True)
+    error = models.TextField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "number"], name="attempt_number_unique_per_run"),
+            models.UniqueConstraint(
+                fields=["run"],
+                condition=Q(status="running"),
+                name="one_running_attempt_per_run",
+            ),
+        ]
+        indexes = [
+            # The restart history page: every attempt, newest first.
+            models.Index(fields=["-started_at"], name="attempt_history_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} #{self.number}"
+
+
+class CallKind(models.TextChoices):
+    READ = "read"
+    EFFECT = "effect"
+
+
+class Action(models.TextChoices):
+    EXECUTE = "execute"
+    CLAIM = "claim"
+    SKIP = "skip"
+    WAIT = "wait"
+    REVIEW = "review"
+    BLOCKED = "blocked"
+
+
+class KeySource(models.TextChoices):
+    PROVIDER = "provider"
+    CONTENT = "content"
+    INTENT = "intent"
+
+
+class EffectStatus(models.TextChoices):
+    PENDING = "pending"
+    AWAITING_APPROVAL = "awaiting_approval"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    IN_FLIGHT = "in_flight"
+    DONE = "done"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+# An effect in one of these may be claimed (and so executed).
+CLAIMABLE_STATUSES = (EffectStatus.PENDING, EffectStatus.APPROVED, EffectStatus.FAILED)
+
+
+class Effect(models.Model):
+    """Something a tool does to the world, recorded once and shared by every call naming its key."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="effects")
+    # The run that first recorded it; other runs of the agent may share it by key.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="owned_effects")
+    tool = models.CharField(max_length=100)
+    key = models.CharField(max_length=255, null=True, blank=True)
+    key_source = models.CharField(max_length=10, choices=KeySource.choices, null=True, blank=True)
+    needs_approval = models.BooleanField(default=False)
+    approvals_required = models.PositiveSmallIntegerField(default=1)
+    approval_ttl = models.PositiveIntegerField()
+    timeout = models.PositiveIntegerField(null=True, blank=True)
+    status = models.CharField(max_length=20, choices=EffectStatus.choices)
+    args = models.JSONField()
+    args_hash = models.CharField(max_length=64)
+    args_versions = models.PositiveIntegerField(default=1)
+    preview = models.TextField(blank=True, default="")
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(null=True, blank=True)
+    claimed_run = models.ForeignKey(
+        Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    claimed_attempt = models.PositiveIntegerField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    # When it was first claimed: an unkeyed effect that was ever started blocks
+    # automatic restarts of its run under the keyed policy.
+    first_claimed_at = models.DateTimeField(null=True, blank=True)
+    # claimed_at + timeout: past it, the sweep makes an in-flight effect unknown.
+    timeout_at = models.DateTimeField(null=True, blank=True)
+    approval_expires_at = models.DateTimeField(null=True, blank=True)
+    # Approvals of the current version, as the API shows them ({"by", "at", "note",
+    # "args_hash"}), kept on the row so the poll answers in one query. The
+    # Approval table is the source of truth and guards one approval per operator.
+    current_approvals = models.JSONField(default=list, blank=True)
+    # The latest decision, as the API shows it; the whole history is in AuditEvent.
+    decision = models.JSONField(null=True, blank=True)
+    # Grows with every change; the poll's ETag is built from it.
+    revision = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["agent", "key"],
+                condition=Q(key__isnull=False),
+                name="effect_key_unique_per_agent",
+            ),
+            models.CheckConstraint(
+                condition=Q(key__isnull=True) | Q(key_source__isnull=False),
+                name="effect_key_has_source",
+            ),
+            models.CheckConstraint(
+                condition=Q(approvals_required__gte=1) & Q(approvals_required__lte=3),
+                name="effect_approvals_required_1_to_3",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="in_flight") | Q(claimed_run__isnull=False),
+                name="effect_in_flight_has_claim",
+            ),
+        ]
+        indexes = [
+            # The queue and the expiry: awaiting effects, nearest deadline first.
+            models.Index(
+                fields=["approval_expires_at"],
+                name="effect_awaiting_deadline_idx",
+                condition=Q(status="awaiting_approval"),
+            ),
+            # The sweep: in-flight effects whose timeout passed.
+            models.Index(
+                fields=["timeout_at"],
+                name="effect_in_flight_timeout_idx",
+                condition=Q(status="in_flight"),
+            ),
+            # The sweep and interrupt: effects held by one (run, attempt).
+            models.Index(
+                fields=["claimed_run", "claimed_attempt"],
+                name="effect_in_flight_claim_idx",
+                condition=Q(status="in_flight"),
+            ),
+            # The queue: unknown outcomes waiting for a person.
+            models.Index(
+                fields=["-updated_at"],
+                name="effect_unknown_idx",
+                condition=Q(status="unknown"),
+            ),
+            # GET /effects and the verdict: an agent's effects, newest first.
+            models.Index(fields=["agent", "-created_at"], name="effect_agent_created_idx"),
+            models.Index(fields=["run", "key"], name="effect_run_key_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool} {self.key or self.id}"
+
+    @property
+    def claimed_by(self) -> dict | None:
+        if self.claimed_run_id is None:
+            return None
+        return {"run_id": str(self.claimed_run_id), "attempt": self.claimed_attempt}
+
+
+class Call(models.Model):
+    """One line of a run's journal: a tool call as one attempt recorded it."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="calls")
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="calls")
+    attempt_number = models.PositiveIntegerField()
+    seq = models.PositiveIntegerField()
+    tool = models.CharField(max_length=100)
+    kind = models.CharField(max_length=10, choices=CallKind.choices)
+    args = models.JSONField()
+    args_hash = models.CharField(max_length=64)
+    action = models.CharField(max_length=10, choices=Action.choices)
+    effect = models.ForeignKey(
+        Effect, null=True, blank=True, on_delete=models.CASCADE, related_name="calls"
+    )
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["attempt_number", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["attempt", "seq"], name="call_seq_unique_per_attempt"),
+        ]
+        indexes = [
+            # The run page and the verdict: a run's journal in order.
+            models.Index(fields=["run", "attempt_number", "seq"], name="call_run_order_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool} #{self.attempt_number}.{self.seq}"
+
+
+class EffectVersion(models.Model):
+    """One version of an effect's arguments: who proposed it and whether it was adopted.
+
+    ``adopted`` is false for drift: arguments a later call proposed after the
+    content was frozen (approved, claimed, done, unknown, finally rejected).
+    """
+
+    effect = models.ForeignKey(Effect, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    args = models.JSONField()
+    args_hash = models.CharField(max_length=64)
+    # "agent:<name>" or "operator:<username>"
+    author = models.CharField(max_length=200)
+    call = models.ForeignKey(
+        Call, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    adopted = models.BooleanField(default=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["effect", "number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["effect", "number"], name="effect_version_unique_number"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.effect_id} v{self.number}"
+
+
+class AuditEvent(models.Model):
+    """An append-only record of a state change or decision: who, what, when, old → new, why."""
+
+    at = models.DateTimeField()
+    # "agent:<name>", the operator's username, or "system"
+    actor = models.CharField(max_length=200)
+    actor_kind = models.CharField(max_length=10)  # agent, operator, system
+    verb = models.CharField(max_length=40)
+    agent = models.ForeignKey(
+        Agent, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    attempt_number = models.PositiveIntegerField(null=True, blank=True)
+    effect = models.ForeignKey(
+        Effect, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    old_status = models.CharField(max_length=20, blank=True, default="")
+    new_status = models.CharField(max_length=20, blank=True, default="")
+    note = models.TextField(blank=True, default="")
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [
+            models.Index(fields=["-at"], name="audit_at_idx"),
+            models.Index(fields=["effect", "at"], name="audit_effect_idx"),
+            models.Index(fields=["run", "at"], name="audit_run_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.verb}"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None and not kwargs.get("force_insert"):
+            raise ValueError("Audit events are append-only.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise ValueError("Audit events are append-only.")

@@ -1,0 +1,228 @@
+"""startsafe settings: one file, every value from the environment.
+
+Every variable read here is listed, with its default, in ``.env.example`` and in
+the README. The embedded default (no variables set) is SQLite and a Celery
+transport that needs no server, so ``make run`` works on a fresh machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from startsafe.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("STARTSAFE_VAR_DIR", str(BASE_DIR / "var")))
+
+DEBUG = env_bool("DEBUG", False)
+
+SECRET_KEY = env_str("SECRET_KEY")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "SECRET_KEY is required when DEBUG is off (set DEBUG=1 for local development)."
+        )
+    SECRET_KEY = "insecure-development-key-only-for-debug"
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "startsafe.apps.StartsafeAdminConfig",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "template_partials",
+    "runs",
+    "approvals",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "startsafe.urls"
+WSGI_APPLICATION = "startsafe.wsgi.application"
+ASGI_APPLICATION = "startsafe.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+# --- Database -----------------------------------------------------------------
+
+
+def _database_settings() -> dict:
+    url = env_str("DATABASE_URL")
+    if not url:
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": VAR_DIR / "startsafe.sqlite3",
+            "OPTIONS": {
+                # WAL lets readers go on while one writer writes; IMMEDIATE takes the
+                # write lock at BEGIN, so two concurrent writers queue on busy_timeout
+                # instead of failing with "database is locked" half-way.
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    try:
+        config = dj_database_url.parse(url)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
+    if config["ENGINE"] == "django.db.backends.postgresql":
+        options = config.setdefault("OPTIONS", {})
+        if env_bool("DATABASE_POOL", True):
+            # psycopg 3's pool; Django requires CONN_MAX_AGE = 0 with it.
+            options["pool"] = {
+                "min_size": env_int("DATABASE_POOL_MIN", 1, minimum=0),
+                "max_size": env_int("DATABASE_POOL_MAX", 10, minimum=1),
+                "timeout": env_float("DATABASE_POOL_TIMEOUT", 10.0, minimum=0.1),
+            }
+            config["CONN_MAX_AGE"] = 0
+        else:
+            config["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
+            config["CONN_HEALTH_CHECKS"] = True
+    return config
+
+
+DATABASES = {"default": _database_settings()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+
+# --- Auth, i18n, static -------------------------------------------------------
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").is_dir() else []
+
+# Requests up to the API's 1 MiB limit plus headroom; the API checks its own limit
+# first so that it can answer with the contract's 413 body.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+
+
+# --- Security (production values unless DEBUG) ---------------------------------
+
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+SESSION_COOKIE_HTTPONLY = True
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("SECURE_PROXY_SSL_HEADER", False) else None
+)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+
+
+# --- E-mail -------------------------------------------------------------------
+
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "startsafe <startsafe@localhost>")
+
+
+# --- Celery -------------------------------------------------------------------
+
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
+if CELERY_BROKER_URL == "filesystem://":
+    # Kombu's filesystem transport: a folder of message files, no server at all.
+    _queue_dir = VAR_DIR / "celery" / "queue"
+    _processed_dir = VAR_DIR / "celery" / "processed"
+    for _folder in (_queue_dir, _processed_dir):
+        _folder.mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_queue_dir),
+        "data_folder_out": str(_queue_dir),
+        "processed_folder": str(_processed_dir),
+        "store_processed": False,
+    }
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+
+# --- startsafe ----------------------------------------------------------------
+
+STARTSAFE = {
+    # Default approval deadline when a call does not send approval_ttl (seconds).
+    "APPROVAL_TTL": env_int("STARTSAFE_APPROVAL_TTL", 86_400, minimum=60, maximum=2_592_000),
+    # Automatic hand-backs to a runtime per run before a person must decide.
+    "AUTO_RESTART_CAP": env_int("STARTSAFE_AUTO_RESTART_CAP", 5, minimum=0),
+    # Seconds between sweeps on the Celery beat schedule.
+    "SWEEP_INTERVAL": env_float("STARTSAFE_SWEEP_INTERVAL", 5.0, minimum=0.5),
+    # Tries of the restart hand-off before it is given up (shown on the run).
+    # Seconds one hand-off POST may take.
+    "RESTART_HANDOFF_TIMEOUT": env_float("STARTSAFE_RESTART_HANDOFF_TIMEOUT", 10.0, minimum=0.5),
+    "RESTART_HANDOFF_MAX_TRIES": env_int("STARTSAFE_RESTART_HANDOFF_MAX_TRIES", 8, minimum=1),
+    # Optional generic JSON webhook told of what waits for operators.
+    "NOTIFY_WEBHOOK_URL": env_str("STARTSAFE_NOTIFY_WEBHOOK_URL", ""),
+    # Who gets e-mail; empty means every active member of the operators group.
+    "NOTIFY_EMAILS": env_list("STARTSAFE_NOTIFY_EMAILS", []),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+CELERY_BEAT_SCHEDULE = {
+    "sweep": {"task": "runs.tasks.sweep", "schedule": STARTSAFE["SWEEP_INTERVAL"]},
+}

@@ -1,0 +1,1 @@
+"""The startsafe agent client (see README)."""

@@ -1,0 +1,69 @@
+"""The cast every test can use: two agents, two operators, a viewer, an admin, an outsider.
+
+Other rows are made inline where a test needs them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Group, User
+
+from runs.models import Agent
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def _agent(name: str) -> Agent:
+    agent = Agent(name=name)
+    agent.token = agent.set_new_token()  # the clear token, for tests only
+    agent.save()
+    return agent
+
+
+@pytest.fixture
+def agent(db) -> Agent:
+    return _agent("support-bot")
+
+
+@pytest.fixture
+def other_agent(db) -> Agent:
+    return _agent("other-bot")
+
+
+def _user(username: str, group: str | None = None) -> User:
+    user = User.objects.create_user(username, f"{username}@example.com", "pw-" + username)
+    if group:
+        user.groups.add(Group.objects.get(name=group))
+    return user
+
+
+@pytest.fixture
+def operator(db) -> User:
+    return _user("olivia", "operators")
+
+
+@pytest.fixture
+def second_operator(db) -> User:
+    return _user("oscar", "operators")
+
+
+@pytest.fixture
+def viewer(db) -> User:
+    return _user("vera")
+
+
+@pytest.fixture
+def admin_user(db) -> User:
+    return _user("ada", "admins")
+
+
+@pytest.fixture
+def outsider(db) -> User:
+    """A deactivated account: signed in once, now refused everywhere."""
+    user = _user("otto")
+    user.is_active = False
+    user.save()
+    return user
