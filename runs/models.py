@@ -425,3 +425,38 @@ class AuditEvent(models.Model):
 
     def delete(self, *args, **kwargs):
         raise ValueError("Audit events are append-only.")
+
+
+class IdempotentRequest(models.Model):
+    """A POST's ``Idempotency-Key``, claimed in its own committed row before the work.
+
+    A repeat with the same key gets the stored answer; a different body is refused
+    (422); a repeat while the first is still being processed is refused (409); a
+    request that died frees its key when ``locked_until`` passes.
+    """
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    method = models.CharField(max_length=10)
+    path = models.CharField(max_length=500)
+    # SHA-256 of the canonical JSON of the body (or of the raw bytes if not JSON).
+    request_hash = models.CharField(max_length=64)
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = models.BinaryField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    completed_at = models.DateTimeField(null=True, blank=True)
+    locked_until = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["agent", "key"], name="idempotency_key_unique_per_agent"
+            ),
+        ]
+        indexes = [
+            # Pruning answers older than the retention (24 hours at least).
+            models.Index(fields=["created_at"], name="idempotency_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_id} {self.key}"
