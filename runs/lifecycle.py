@@ -580,6 +580,18 @@ def record_call(
         )
         if created:
             version_adopted = True
+            # Written before the claim below, so the effect's audit trail reads in
+            # order: recorded (its first status), then claimed.
+            record_event(
+                actor,
+                "recorded",
+                at=now,
+                run=run,
+                effect=effect,
+                attempt_number=attempt,
+                new_status=effect.status,
+                data={"key": key, "tool": tool, "args_hash": digest},
+            )
         else:
             if effect.tool != tool:
                 raise KeyConflict(
@@ -603,16 +615,6 @@ def record_call(
                 call=call,
                 adopted=True,
                 at=now,
-            )
-            record_event(
-                actor,
-                "recorded",
-                at=now,
-                run=run,
-                effect=effect,
-                attempt_number=attempt,
-                new_status=effect.status,
-                data={"key": key, "tool": tool, "args_hash": digest},
             )
         elif version_adopted is not None:
             EffectVersion.objects.create(
