@@ -1,1 +1,75 @@
-"""The startsafe agent client (see README)."""
+"""startsafe_client: journal an agent's tool calls with startsafe, keyed by stable intent.
+
+::
+
+    from startsafe_client import Client, intent_key, provider_key
+
+    client = Client("http://127.0.0.1:8000", token)
+
+    @client.tool(kind="effect", key=lambda a: provider_key("outlook", "message", a["message_id"]))
+    def send_reply(message_id: str, body: str) -> dict: ...
+
+    with client.run("ticket-4812", supersede="stale") as run:
+        run.call(send_reply, message_id=msg_id, body=text)
+
+Importable without Django; its only dependency is ``httpx``. See the README's
+section "For agent developers".
+"""
+
+from __future__ import annotations
+
+from .client import Client, Reconciliation, Tool
+from .errors import (
+    AlreadyRunning,
+    ApprovalTimeout,
+    AttemptStopped,
+    AttemptSuperseded,
+    ClaimConflict,
+    EffectBlocked,
+    EffectError,
+    IdempotencyKeyReused,
+    InvalidRequest,
+    KeyConflict,
+    NotFound,
+    OutcomeUnknown,
+    PayloadTooLarge,
+    RequestInProgress,
+    RestartBlocked,
+    RunFinished,
+    ServiceUnavailable,
+    StartsafeError,
+    Unauthorized,
+)
+from .keys import Key, content_key, content_key_of_file, intent_key, provider_key
+from .run import Run
+
+__all__ = [
+    "AlreadyRunning",
+    "ApprovalTimeout",
+    "AttemptStopped",
+    "AttemptSuperseded",
+    "ClaimConflict",
+    "Client",
+    "EffectBlocked",
+    "EffectError",
+    "IdempotencyKeyReused",
+    "InvalidRequest",
+    "Key",
+    "KeyConflict",
+    "NotFound",
+    "OutcomeUnknown",
+    "PayloadTooLarge",
+    "Reconciliation",
+    "RequestInProgress",
+    "RestartBlocked",
+    "Run",
+    "RunFinished",
+    "ServiceUnavailable",
+    "StartsafeError",
+    "Tool",
+    "Unauthorized",
+    "content_key",
+    "content_key_of_file",
+    "intent_key",
+    "provider_key",
+]

@@ -1,0 +1,285 @@
+"""Typed exceptions: one per error code of the API contract, plus the agent-side outcomes.
+
+Every exception is a :class:`StartsafeError` with ``code``, ``status`` (the HTTP
+status, or ``None`` when no single answer caused it), ``message`` and ``details``.
+
+How to handle each one (README, "For agent developers"):
+
+=======================  ==================================================================
+exception                what to do
+=======================  ==================================================================
+Unauthorized             fix the token; nothing was recorded
+NotFound                 a wrong id, or another agent's: a bug in the caller
+AlreadyRunning           another attempt is live: wait, or start with ``supersede``
+RestartBlocked           the verdict refuses: an operator must allow the restart (``verdict``)
+RunFinished              the run is completed or abandoned: stop, nothing more to do
+AttemptSuperseded        a newer attempt took over: stop at once, do nothing more
+KeyConflict              two tools name the same key: a bug in a key rule
+ClaimConflict            the effect changed hands (an operator decided): re-read it
+RequestInProgress        retried automatically; raised only when retries ran out
+IdempotencyKeyReused     the same ``Idempotency-Key`` with another body: a client bug
+PayloadTooLarge          arguments or result over the limit: send a reference instead
+InvalidRequest           ``details["fields"]`` says which field is wrong
+ServiceUnavailable       network errors or 5xx outlasted the retries: try again later
+EffectBlocked            rejected or expired: never perform it; hand ``note`` to the model
+ApprovalTimeout          nobody decided within the bounded wait: stop, run again later
+OutcomeUnknown           it may or may not have happened: a person decides in the console
+=======================  ==================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class StartsafeError(Exception):
+    """Base of every error the client raises.
+
+    Attributes:
+        code: the contract's error code (``"already_running"``…) or the client's own
+            (``"effect_blocked"``, ``"approval_timeout"``, ``"outcome_unknown"``,
+            ``"unavailable"``).
+        status: the HTTP status of the answer that caused it, or ``None``.
+        message: one sentence for a person.
+        details: the answer's ``error.details`` (or the client's own details).
+    """
+
+    code: str = "error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        status: int | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.status = status
+        self.details: dict[str, Any] = details or {}
+
+    def __str__(self) -> str:
+        where = f" (HTTP {self.status})" if self.status else ""
+        return f"{self.code}{where}: {self.message}"
+
+
+# --- The contract's error codes ----------------------------------------------
+
+
+class InvalidRequest(StartsafeError):
+    """400: malformed or out-of-range input; ``details["fields"]`` names each field."""
+
+    code = "invalid_request"
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """Each wrong field and what is wrong with it."""
+        return self.details.get("fields") or {}
+
+
+class Unauthorized(StartsafeError):
+    """401: no token, an unknown token, or a deactivated agent."""
+
+    code = "unauthorized"
+
+
+class NotFound(StartsafeError):
+    """404: no such object for this agent (another agent's ids answer the same)."""
+
+    code = "not_found"
+
+
+class AlreadyRunning(StartsafeError):
+    """409: the run has a live attempt; ``attempt`` and ``heartbeat_at`` help judge it."""
+
+    code = "already_running"
+
+    @property
+    def attempt(self) -> int | None:
+        """The run's current attempt number."""
+        return self.details.get("attempt")
+
+    @property
+    def heartbeat_at(self) -> str | None:
+        """When that attempt last heartbeat (ISO 8601)."""
+        return self.details.get("heartbeat_at")
+
+
+class RestartBlocked(StartsafeError):
+    """409: the verdict says the restart is not safe; ``verdict`` says why."""
+
+    code = "restart_blocked"
+
+    @property
+    def verdict(self) -> dict[str, Any]:
+        """The verdict: ``safe``, ``policy``, ``blocking`` and ``notes``."""
+        return self.details.get("verdict") or {}
+
+
+class AttemptStopped(StartsafeError):
+    """This attempt may no longer act: it was superseded, or the run is finished.
+
+    Catch this one base to stop on either.
+    """
+
+
+class RunFinished(AttemptStopped):
+    """409: the run is ``completed`` or ``abandoned``."""
+
+    code = "run_finished"
+
+
+class AttemptSuperseded(AttemptStopped):
+    """409: this attempt is no longer the run's current running attempt: stop."""
+
+    code = "attempt_superseded"
+
+
+class KeyConflict(StartsafeError):
+    """409: the key already belongs to another tool (``tool`` names it)."""
+
+    code = "key_conflict"
+
+    @property
+    def tool(self) -> str | None:
+        """The tool that owns the key."""
+        return self.details.get("tool")
+
+
+class ClaimConflict(StartsafeError):
+    """409: this attempt cannot hold the effect now; ``effect_status`` is its status."""
+
+    code = "claim_conflict"
+
+    @property
+    def effect_status(self) -> str | None:
+        """The effect's status when the claim or report was refused."""
+        return self.details.get("status")
+
+
+class RequestInProgress(StartsafeError):
+    """409: the same ``Idempotency-Key`` is still being processed.
+
+    The client retries it after a pause by itself; this is raised only once its
+    retries ran out. Retrying later with the same key is safe.
+    """
+
+    code = "request_in_progress"
+
+
+class IdempotencyKeyReused(StartsafeError):
+    """422: the ``Idempotency-Key`` was used before with a different body."""
+
+    code = "idempotency_key_reused"
+
+
+class PayloadTooLarge(StartsafeError):
+    """413: the body is over 1 MiB, or ``input``/``args``/``result`` over 256 KiB."""
+
+    code = "payload_too_large"
+
+
+class ServiceUnavailable(StartsafeError):
+    """Network errors or 5xx answers outlasted the retries (``status`` is the last 5xx)."""
+
+    code = "unavailable"
+
+
+ERRORS_BY_CODE: dict[str, type[StartsafeError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidRequest,
+        Unauthorized,
+        NotFound,
+        AlreadyRunning,
+        RestartBlocked,
+        RunFinished,
+        AttemptSuperseded,
+        KeyConflict,
+        ClaimConflict,
+        RequestInProgress,
+        IdempotencyKeyReused,
+        PayloadTooLarge,
+    )
+}
+
+
+def error_from_answer(status: int, body: Any) -> StartsafeError:
+    """Build the typed exception for an error answer ``{"error": {code, message, details}}``."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return StartsafeError(
+            f"Unexpected answer without an error body: {str(body)[:200]}",
+            code="unexpected",
+            status=status,
+        )
+    code = str(error.get("code") or "error")
+    message = str(error.get("message") or code)
+    details = error.get("details") if isinstance(error.get("details"), dict) else {}
+    cls = ERRORS_BY_CODE.get(code, StartsafeError)
+    return cls(message, code=code, status=status, details=details)
+
+
+# --- What a tool call can end in -----------------------------------------------
+
+
+class EffectError(StartsafeError):
+    """Base of the outcomes of a tool call that mean "do not perform it now".
+
+    ``effect`` is the effect as last seen (a dict shaped like the API's Effect).
+    """
+
+    def __init__(self, message: str, *, effect: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.effect = effect
+
+    @property
+    def effect_id(self) -> str | None:
+        """The effect's id, for the console address ``/effects/<id>/``."""
+        return self.effect.get("id")
+
+
+class EffectBlocked(EffectError):
+    """The effect was rejected or its approval expired: never perform it.
+
+    ``note`` is the rejection note written for the model: hand it back so it can
+    change course (a revision with other arguments asks for approval again,
+    unless the rejection was final).
+    """
+
+    code = "effect_blocked"
+
+    @property
+    def note(self) -> str:
+        """The decision's note (empty for an expiry without one)."""
+        decision = self.effect.get("decision") or {}
+        return str(decision.get("note") or "")
+
+    @property
+    def final(self) -> bool:
+        """True when the rejection was final: no revision can ask again."""
+        decision = self.effect.get("decision") or {}
+        return bool(decision.get("final"))
+
+
+class ApprovalTimeout(EffectError):
+    """The bounded wait ran out while the effect still waited (or awaited review).
+
+    Nothing was performed. Starting the run again later resumes the wait.
+    """
+
+    code = "approval_timeout"
+
+
+class OutcomeUnknown(EffectError):
+    """The effect may or may not have happened and the client cannot tell.
+
+    Raised on ``review`` when the tool declares no reconcile lookup, or when its
+    lookup could not tell. A person settles it in the console (mark done, release
+    or reject at ``/effects/<id>/``); start the run again afterwards.
+    """
+
+    code = "outcome_unknown"
