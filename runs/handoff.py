@@ -4,36 +4,84 @@ The POST carries ``Idempotency-Key: restart:<run_id>:<n>`` (n, the attempt to st
 next), so a runtime that gets it twice starts the run once; the run's own start
 rules make a second start answer ``already_running``. Every try and its answer is
 kept as an audit event (``handoff_try``) and shown on the run page.
+
+The hand-off is an outbox row (``approvals.models.RestartHandoff``) written in the
+transaction that made the run ready. A worker claims it with a compare-and-set
+update and a lease; a try that dies half-way (SIGKILL, a lost broker message) is
+taken over by the sweep once the lease has passed, so the hand-off always arrives.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timedelta
 
 import httpx
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
+from approvals.models import ACTIVE_OUTBOX_STATUSES, OutboxStatus, RestartHandoff
 from runs.audit import SYSTEM, record_event
-from runs.models import Run, RunStatus
+from runs.models import STOPPED_RUN_STATUSES, Run
 from runs.verdict import restart_verdict
+from startsafe.logs import kv
 
 logger = logging.getLogger("startsafe.handoff")
 
+# The longest wait between two tries, whatever the back-off says.
+MAX_BACKOFF = 300
 
-def schedule_restart_handoff(run: Run) -> None:
-    """After the commit, queue the hand-off of a run that has a restart URL."""
+
+def handoff_key(run_id, attempt: int) -> str:
+    return f"restart:{run_id}:{attempt}"
+
+
+def backoff(tries: int) -> float:
+    """Seconds before try ``tries + 1``: 1, 2, 4, ... capped at five minutes."""
+    return float(min(2 ** max(tries - 1, 0), MAX_BACKOFF))
+
+
+def lease_seconds() -> float:
+    # httpx's timeout is per phase (connect, write, read), so one try can take
+    # more than the timeout; the lease covers two phases plus slack.
+    return 2 * settings.STARTSAFE["RESTART_HANDOFF_TIMEOUT"] + 5
+
+
+def schedule_restart_handoff(run: Run, now: datetime | None = None) -> RestartHandoff | None:
+    """In the caller's transaction, write the hand-off row; after the commit, queue it.
+
+    The row is what makes the hand-off happen; the task queued on commit only makes
+    it happen at once instead of at the next sweep.
+    """
     if not run.restart_url:
-        return
-    run_id, attempt = str(run.pk), run.current_attempt + 1
+        return None
+    now = now or timezone.now()
+    attempt = run.current_attempt + 1
+    handoff, created = RestartHandoff.objects.get_or_create(
+        run=run,
+        attempt=attempt,
+        defaults={"due_at": now, "created_at": now, "updated_at": now},
+    )
+    if not created and handoff.status in (OutboxStatus.OBSOLETE, OutboxStatus.GIVEN_UP):
+        # An operator's "allow restart" after the hand-off was given up: try again.
+        RestartHandoff.objects.filter(pk=handoff.pk, status=handoff.status).update(
+            status=OutboxStatus.PENDING, due_at=now, updated_at=now
+        )
+    run_id = str(run.pk)
+    transaction.on_commit(lambda: enqueue_handoff(run_id, attempt))
+    return handoff
 
-    def enqueue() -> None:
-        from runs.tasks import deliver_restart_handoff
 
-        deliver_restart_handoff.delay(run_id, attempt)
+def enqueue_handoff(run_id: str, attempt: int, *, expires: float | None = None) -> None:
+    from runs.tasks import deliver_restart_handoff
 
-    transaction.on_commit(enqueue)
+    try:
+        deliver_restart_handoff.apply_async((run_id, attempt), expires=expires)
+    except Exception:
+        # The broker is down: the row is still due, so the next sweep sends it.
+        logger.exception(kv("handoff_enqueue_failed", run=run_id, attempt=attempt))
 
 
 def handoff_payload(run: Run, attempt: int) -> dict:
@@ -45,46 +93,158 @@ def handoff_payload(run: Run, attempt: int) -> dict:
     }
 
 
-def deliver_restart_handoff(run_id: str, attempt: int, try_number: int = 1) -> bool | None:
-    """POST the hand-off once. True: delivered (2xx). False: try again later.
+def still_wanted(run: Run | None, attempt: int) -> bool:
+    """The run still waits for this hand-off: not started again, not abandoned."""
+    return (
+        run is not None
+        and bool(run.restart_url)
+        and run.restart_ready
+        and run.status in STOPPED_RUN_STATUSES
+        and run.current_attempt + 1 == attempt
+    )
 
-    None: nothing to deliver any more (the run started, was abandoned, or the
-    attempt number moved on), so a duplicate task does nothing.
+
+def claim_handoff(handoff: RestartHandoff, now: datetime) -> bool:
+    """Compare-and-set: take the row if nobody else took it since we read it."""
+    claimed = RestartHandoff.objects.filter(
+        pk=handoff.pk,
+        status=handoff.status,
+        tries=handoff.tries,
+        due_at__lte=now,
+    ).update(
+        status=OutboxStatus.SENDING,
+        due_at=now + timedelta(seconds=lease_seconds()),
+        tries=F("tries") + 1,
+        updated_at=now,
+    )
+    return claimed == 1
+
+
+def deliver_restart_handoff(run_id, attempt: int, now: datetime | None = None) -> str:
+    """Try the hand-off of ``attempt`` once; safe to call twice or concurrently.
+
+    1. Nothing to do unless the row is active and due (another worker has it, or it
+       was delivered): ``"not_due"`` / ``"done"``.
+    2. A run that started again (or was abandoned) is not handed off: ``"obsolete"``.
+    3. Claim the row (compare-and-set, with a lease). A row found ``sending`` past
+       its lease is a try that died half-way; it is recorded as such.
+    4. POST; record the answer as an audit event; settle the row: ``delivered``,
+       back to ``pending`` with back-off, or ``given_up`` past the cap.
     """
+    now = now or timezone.now()
+    handoff = RestartHandoff.objects.filter(run_id=run_id, attempt=attempt).first()
+    if handoff is None or handoff.status not in ACTIVE_OUTBOX_STATUSES:
+        return "done"
+    if handoff.due_at > now:
+        return "not_due"
     run = Run.objects.filter(pk=run_id).first()
-    if (
-        run is None
-        or not run.restart_url
-        or not run.restart_ready
-        or run.status not in (RunStatus.INTERRUPTED, RunStatus.FAILED)
-        or run.current_attempt + 1 != attempt
-    ):
-        return None
-    headers = {"Idempotency-Key": f"restart:{run.pk}:{attempt}"}
+    if not still_wanted(run, attempt):
+        RestartHandoff.objects.filter(pk=handoff.pk, status__in=ACTIVE_OUTBOX_STATUSES).update(
+            status=OutboxStatus.OBSOLETE, updated_at=now
+        )
+        logger.info(kv("handoff_obsolete", run=run_id, attempt=attempt))
+        return "obsolete"
+    crashed = handoff.status == OutboxStatus.SENDING
+    if not claim_handoff(handoff, now):
+        return "not_due"
+    try_number = handoff.tries + 1
+    if crashed:
+        # The previous try's worker stopped before it recorded an answer.
+        record_event(
+            SYSTEM,
+            "handoff_try",
+            at=now,
+            run=run,
+            attempt_number=attempt,
+            old_status=run.status,
+            new_status=run.status,
+            note="no answer: the try stopped half-way",
+            data={"try": handoff.tries, "attempt": attempt, "error": "worker stopped"},
+        )
+        RestartHandoff.objects.filter(pk=handoff.pk).update(failures=F("failures") + 1)
+
+    answer = post_handoff(run, attempt, try_number)
+    delivered = answer.get("delivered", False)
+    done_at = timezone.now()
+    max_tries = settings.STARTSAFE["RESTART_HANDOFF_MAX_TRIES"]
+    if delivered:
+        status, due_at = OutboxStatus.SENT, done_at
+    elif try_number >= max_tries:
+        status, due_at = OutboxStatus.GIVEN_UP, done_at
+    else:
+        status, due_at = OutboxStatus.PENDING, done_at + timedelta(seconds=backoff(try_number))
+    with transaction.atomic():
+        record_event(
+            SYSTEM,
+            "handoff_try",
+            at=done_at,
+            run=run,
+            attempt_number=attempt,
+            old_status=run.status,
+            new_status=run.status,
+            note="delivered" if delivered else "not delivered",
+            data=answer,
+        )
+        # Only the claim we hold is settled; a try that outlived its lease lost it.
+        RestartHandoff.objects.filter(
+            pk=handoff.pk, status=OutboxStatus.SENDING, tries=try_number
+        ).update(
+            status=status,
+            due_at=due_at,
+            last_answer=answer,
+            failures=F("failures") + (0 if delivered else 1),
+            updated_at=done_at,
+        )
+        if status == OutboxStatus.GIVEN_UP:
+            from approvals.notifications import notify_needs_person
+
+            notify_needs_person(run, done_at, f"restart hand-off given up after {try_number} tries")
+    logger.log(
+        logging.INFO if delivered else logging.WARNING,
+        kv(
+            "handoff_try",
+            run=run_id,
+            attempt=attempt,
+            try_number=try_number,
+            outcome=status,
+            http_status=answer.get("status"),
+            error=answer.get("error"),
+        ),
+    )
+    return status
+
+
+def post_handoff(run: Run, attempt: int, try_number: int) -> dict:
+    """One POST to the runtime; the answer as it is stored and shown."""
     answer: dict = {"try": try_number, "attempt": attempt, "url": run.restart_url}
-    delivered = False
     try:
         response = httpx.post(
             run.restart_url,
             json=handoff_payload(run, attempt),
-            headers=headers,
-            timeout=settings.STARTSAFE.get("RESTART_HANDOFF_TIMEOUT", 10),
+            headers={"Idempotency-Key": handoff_key(run.pk, attempt)},
+            timeout=settings.STARTSAFE["RESTART_HANDOFF_TIMEOUT"],
         )
         answer["status"] = response.status_code
         answer["body"] = response.text[:500]
-        delivered = 200 <= response.status_code < 300
+        answer["delivered"] = 200 <= response.status_code < 300
     except httpx.HTTPError as exc:
         answer["error"] = f"{type(exc).__name__}: {exc}"[:500]
-    record_event(
-        SYSTEM,
-        "handoff_try",
-        at=timezone.now(),
-        run=run,
-        attempt_number=attempt,
-        old_status=run.status,
-        new_status=run.status,
-        note="delivered" if delivered else "not delivered",
-        data=answer,
+        answer["delivered"] = False
+    return answer
+
+
+def dispatch_due_handoffs(now: datetime, limit: int = 500) -> int:
+    """Queue every hand-off whose time has come: back-off over, or a lease passed.
+
+    The queued task expires after a sweep interval, so a worker that was down for
+    an hour finds one copy to run, not seven hundred.
+    """
+    # Strictly before ``now``: a row this very sweep wrote was queued on its commit.
+    due = RestartHandoff.objects.filter(status__in=ACTIVE_OUTBOX_STATUSES, due_at__lt=now).order_by(
+        "due_at"
     )
-    logger.info("restart hand-off of run %s attempt %s: %s", run.pk, attempt, answer)
-    return delivered
+    rows = list(due.values_list("run_id", "attempt")[:limit])
+    expires = max(settings.STARTSAFE["SWEEP_INTERVAL"] * 2, 10)
+    for run_id, attempt in rows:
+        enqueue_handoff(str(run_id), attempt, expires=expires)
+    return len(rows)

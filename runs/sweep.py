@@ -10,22 +10,29 @@ their cost grows with the stale rows, not with all rows (partial indexes
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from approvals.models import record_task_run
+from approvals.notifications import notify_needs_person
 from runs.audit import SYSTEM, record_event
-from runs.handoff import schedule_restart_handoff
+from runs.handoff import dispatch_due_handoffs, schedule_restart_handoff
 from runs.lifecycle import expire_if_past_deadline, make_unknown, set_run_status, stop_attempt
 from runs.models import Attempt, AttemptStatus, Effect, EffectStatus, RestartPolicy, Run, RunStatus
 from runs.verdict import restart_verdict
+from startsafe.logs import kv
 
 logger = logging.getLogger("startsafe.sweep")
 
 BATCH = 500
+# How far a row that raised is pushed back, so one broken row cannot take every
+# sweep down with it (it is logged each time and retried later).
+BROKEN_ROW_DELAY = timedelta(minutes=5)
 
 
 @dataclass
@@ -35,14 +42,30 @@ class SweepReport:
     needs_person: list[str] = field(default_factory=list)
     timed_out: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
+    handoffs_dispatched: int = 0
+    errors: list[str] = field(default_factory=list)
+    duration: float = 0.0
 
     def summary(self) -> str:
         return (
             f"{len(self.interrupted)} run(s) interrupted "
             f"({len(self.restart_ready)} handed back, {len(self.needs_person)} need a person), "
             f"{len(self.timed_out)} effect(s) timed out to unknown, "
-            f"{len(self.expired)} approval(s) expired"
+            f"{len(self.expired)} approval(s) expired, "
+            f"{self.handoffs_dispatched} hand-off(s) queued, {len(self.errors)} error(s)"
         )
+
+    def log_fields(self) -> dict:
+        return {
+            "interrupted": len(self.interrupted),
+            "restart_ready": len(self.restart_ready),
+            "needs_person": len(self.needs_person),
+            "timed_out": len(self.timed_out),
+            "expired": len(self.expired),
+            "handoffs_dispatched": self.handoffs_dispatched,
+            "errors": len(self.errors),
+            "duration": f"{self.duration:.4f}",
+        }
 
 
 def interrupt_stale_run(run_id, now: datetime, report: SweepReport) -> bool:
@@ -86,7 +109,7 @@ def interrupt_stale_run(run_id, now: datetime, report: SweepReport) -> bool:
                 note="The verdict is safe: handed back to its runtime.",
                 data={"verdict": verdict.as_dict(), "auto_restarts": run.auto_restarts},
             )
-            schedule_restart_handoff(run)
+            schedule_restart_handoff(run, now)
             report.restart_ready.append(str(run.pk))
         else:
             why = (
@@ -107,8 +130,9 @@ def interrupt_stale_run(run_id, now: datetime, report: SweepReport) -> bool:
                 note=why,
                 data={"verdict": verdict.as_dict()},
             )
+            # In the same transaction: operators hear of it exactly when it is true.
+            notify_needs_person(run, now, why)
             report.needs_person.append(str(run.pk))
-    logger.info("run %s interrupted", run_id)
     return True
 
 
@@ -138,19 +162,82 @@ def expire_effect(effect_id, now: datetime, report: SweepReport) -> bool:
     return True
 
 
+def _each(kind: str, ids, unit, now: datetime, report: SweepReport, push_back=None) -> None:
+    """Run ``unit`` on each id; a row that raises is logged, pushed back, and skipped."""
+    for pk in ids:
+        try:
+            unit(pk, now, report)
+        except Exception as exc:
+            report.errors.append(f"{kind} {pk}: {type(exc).__name__}: {exc}")
+            logger.exception(kv("sweep_row_failed", kind=kind, id=pk, error=type(exc).__name__))
+            if push_back is not None:
+                try:
+                    push_back(pk)
+                except Exception:
+                    logger.exception(kv("sweep_push_back_failed", kind=kind, id=pk))
+
+
 def sweep(now: datetime | None = None) -> SweepReport:
-    """One sweep: stale runs, timed-out effects, expired approvals."""
+    """One sweep: stale runs, timed-out effects, expired approvals, due hand-offs.
+
+    1. Running runs past ``stale_at`` are interrupted (and handed back or queued).
+    2. In-flight effects past ``timeout_at`` become ``unknown``.
+    3. Awaiting effects past their deadline expire.
+    4. Hand-offs due (back-off over, or a crashed try's lease passed) are queued.
+    Each unit is its own transaction; a broken row is logged and pushed back by
+    ``BROKEN_ROW_DELAY`` where its date is only the sweep's (``stale_at``,
+    ``timeout_at``); an approval deadline is never moved, the row is only skipped.
+    """
     now = now or timezone.now()
+    started = time.monotonic()
     report = SweepReport()
+    later = now + BROKEN_ROW_DELAY
+
     stale = Run.objects.filter(status=RunStatus.RUNNING, stale_at__lt=now).order_by("stale_at")
-    for run_id in stale.values_list("pk", flat=True)[:BATCH]:
-        interrupt_stale_run(run_id, now, report)
-    timed_out = Effect.objects.filter(status=EffectStatus.IN_FLIGHT, timeout_at__lt=now)
-    for effect_id in timed_out.values_list("pk", flat=True)[:BATCH]:
-        time_out_effect(effect_id, now, report)
+    _each(
+        "run",
+        list(stale.values_list("pk", flat=True)[:BATCH]),
+        interrupt_stale_run,
+        now,
+        report,
+        push_back=lambda pk: Run.objects.filter(pk=pk).update(stale_at=later),
+    )
+    timed_out = Effect.objects.filter(status=EffectStatus.IN_FLIGHT, timeout_at__lt=now).order_by(
+        "timeout_at"
+    )
+    _each(
+        "timeout",
+        list(timed_out.values_list("pk", flat=True)[:BATCH]),
+        time_out_effect,
+        now,
+        report,
+        push_back=lambda pk: Effect.objects.filter(pk=pk).update(timeout_at=later),
+    )
     past_deadline = Effect.objects.filter(
         status=EffectStatus.AWAITING_APPROVAL, approval_expires_at__lte=now
+    ).order_by("approval_expires_at")
+    _each(
+        "expiry",
+        list(past_deadline.values_list("pk", flat=True)[:BATCH]),
+        expire_effect,
+        now,
+        report,
     )
-    for effect_id in past_deadline.values_list("pk", flat=True)[:BATCH]:
-        expire_effect(effect_id, now, report)
+    try:
+        report.handoffs_dispatched = dispatch_due_handoffs(now)
+    except Exception as exc:
+        report.errors.append(f"dispatch: {type(exc).__name__}: {exc}")
+        logger.exception(kv("sweep_dispatch_failed", error=type(exc).__name__))
+
+    report.duration = time.monotonic() - started
+    logger.info(kv("sweep", **report.log_fields()))
+    record_task_run(
+        "sweep",
+        now,
+        report.duration,
+        error="; ".join(report.errors)[:2000],
+        interrupted=len(report.interrupted),
+        expired=len(report.expired),
+        row_errors=len(report.errors),
+    )
     return report

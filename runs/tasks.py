@@ -1,33 +1,27 @@
-"""Celery tasks: thin wrappers over plain functions, safe to run twice."""
+"""Celery tasks: thin wrappers over plain functions, safe to run twice.
+
+``acks_late`` (also the default in settings): a message is acknowledged after the
+task ran, so a worker that dies mid-task leaves it to be delivered again. The
+plain functions do not rely on that: their rows (the hand-off outbox, the runs'
+``stale_at``) are found again by the next sweep whatever the broker kept.
+"""
 
 from __future__ import annotations
 
-import logging
-
 from celery import shared_task
-from django.conf import settings
 
 from runs.handoff import deliver_restart_handoff as deliver_once
 from runs.sweep import sweep as run_sweep
 
-logger = logging.getLogger("startsafe.tasks")
 
-
-@shared_task(acks_late=True)
+@shared_task(acks_late=True, ignore_result=True)
 def sweep() -> str:
-    report = run_sweep()
-    summary = report.summary()
-    logger.info("sweep: %s", summary)
-    return summary
+    """One sweep; it logs its own key=value summary."""
+    return run_sweep().summary()
 
 
-@shared_task(bind=True, acks_late=True, max_retries=None)
-def deliver_restart_handoff(self, run_id: str, attempt: int) -> None:
-    """Deliver a hand-off, retrying with exponential back-off up to the configured cap."""
-    try_number = self.request.retries + 1
-    delivered = deliver_once(run_id, attempt, try_number)
-    if delivered is False:
-        if try_number >= settings.STARTSAFE["RESTART_HANDOFF_MAX_TRIES"]:
-            logger.warning("giving up the hand-off of run %s after %s tries", run_id, try_number)
-            return
-        raise self.retry(countdown=min(2 ** (try_number - 1), 300))
+@shared_task(acks_late=True, ignore_result=True)
+def deliver_restart_handoff(run_id: str, attempt: int) -> str:
+    """One try of a hand-off. A failed try is not retried here: the row's back-off
+    makes it due again and the sweep queues it, so retries survive a lost message."""
+    return deliver_once(run_id, attempt)

@@ -37,6 +37,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "ninja",  # its own templates serve the API docs from local static files, no CDN
     "django_htmx",
     "template_partials",
     "runs",
@@ -45,6 +46,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (console CSS, htmx, admin, API docs) served by the app itself.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -52,6 +55,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Idempotency-Key and the 1 MiB body limit of the agent API (runs/idempotency.py).
+    "runs.idempotency.IdempotencyMiddleware",
 ]
 
 ROOT_URLCONF = "startsafe.urls"
@@ -137,6 +142,12 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").is_dir() else []
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+# Without collectstatic (make run, tests), serve from the apps' static folders.
+WHITENOISE_USE_FINDERS = True
 
 # Requests up to the API's 1 MiB limit plus headroom; the API checks its own limit
 # first so that it can answer with the contract's 413 body.
@@ -191,6 +202,9 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Django's LOGGING (key=value lines) stays in charge of the worker's logs too.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 
 # --- startsafe ----------------------------------------------------------------
@@ -202,14 +216,30 @@ STARTSAFE = {
     "AUTO_RESTART_CAP": env_int("STARTSAFE_AUTO_RESTART_CAP", 5, minimum=0),
     # Seconds between sweeps on the Celery beat schedule.
     "SWEEP_INTERVAL": env_float("STARTSAFE_SWEEP_INTERVAL", 5.0, minimum=0.5),
-    # Tries of the restart hand-off before it is given up (shown on the run).
-    # Seconds one hand-off POST may take.
+    # Seconds one hand-off POST may take (per phase: connect, send, answer).
     "RESTART_HANDOFF_TIMEOUT": env_float("STARTSAFE_RESTART_HANDOFF_TIMEOUT", 10.0, minimum=0.5),
+    # Tries of the restart hand-off before it is given up (shown on the run).
     "RESTART_HANDOFF_MAX_TRIES": env_int("STARTSAFE_RESTART_HANDOFF_MAX_TRIES", 8, minimum=1),
     # Optional generic JSON webhook told of what waits for operators.
     "NOTIFY_WEBHOOK_URL": env_str("STARTSAFE_NOTIFY_WEBHOOK_URL", ""),
     # Who gets e-mail; empty means every active member of the operators group.
     "NOTIFY_EMAILS": env_list("STARTSAFE_NOTIFY_EMAILS", []),
+    # Seconds between notification batches: everything that happened in between is
+    # one e-mail (and one webhook POST).
+    "NOTIFY_INTERVAL": env_float("STARTSAFE_NOTIFY_INTERVAL", 30.0, minimum=0.5),
+    # Warn operators this many seconds before an approval's deadline (at most a
+    # quarter of the approval's own TTL).
+    "NOTIFY_DEADLINE_WARNING": env_int("STARTSAFE_NOTIFY_DEADLINE_WARNING", 3600, minimum=0),
+    # How far back the audit log is read for effects that started awaiting approval.
+    "NOTIFY_LOOKBACK": env_int("STARTSAFE_NOTIFY_LOOKBACK", 900, minimum=60),
+    # Seconds one sender holds its claim on a batch before another may take over.
+    "NOTIFY_LEASE": env_int("STARTSAFE_NOTIFY_LEASE", 120, minimum=5),
+    "NOTIFY_MAX_TRIES": env_int("STARTSAFE_NOTIFY_MAX_TRIES", 10, minimum=1),
+    "NOTIFY_WEBHOOK_TIMEOUT": env_float("STARTSAFE_NOTIFY_WEBHOOK_TIMEOUT", 10.0, minimum=0.5),
+    # The console's address, for links in notifications (https://startsafe.example.com).
+    "PUBLIC_URL": env_str("STARTSAFE_PUBLIC_URL", ""),
+    # Seconds /healthz waits for the broker before answering 503.
+    "HEALTH_BROKER_TIMEOUT": env_float("STARTSAFE_HEALTH_BROKER_TIMEOUT", 2.0, minimum=0.1),
 }
 
 LOGGING = {
@@ -223,6 +253,17 @@ LOGGING = {
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
 
+# Each scheduled message expires after its interval: with no worker running, beat's
+# messages do not pile up into a backlog of identical sweeps.
 CELERY_BEAT_SCHEDULE = {
-    "sweep": {"task": "runs.tasks.sweep", "schedule": STARTSAFE["SWEEP_INTERVAL"]},
+    "sweep": {
+        "task": "runs.tasks.sweep",
+        "schedule": STARTSAFE["SWEEP_INTERVAL"],
+        "options": {"expires": max(STARTSAFE["SWEEP_INTERVAL"], 5.0)},
+    },
+    "notify": {
+        "task": "approvals.tasks.notify",
+        "schedule": STARTSAFE["NOTIFY_INTERVAL"],
+        "options": {"expires": max(STARTSAFE["NOTIFY_INTERVAL"], 5.0)},
+    },
 }

@@ -1,0 +1,368 @@
+"""Telling operators what waits for them: e-mail, and optionally a JSON webhook.
+
+News is written as ``Notification`` rows (an outbox) in the transaction of the
+event, or collected from the audit log by the periodic task; the same task sends
+every pending row as ONE message per channel, so a burst of 500 effects awaiting
+approval is one e-mail and one webhook POST, not 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import httpx
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.mail import EmailMessage
+from django.db.models import Exists, OuterRef, Q
+from django.utils import timezone
+
+from approvals.models import (
+    ACTIVE_OUTBOX_STATUSES,
+    Notification,
+    NotificationKind,
+    OutboxStatus,
+    record_task_run,
+)
+from runs.models import AuditEvent, Effect, EffectStatus, Run
+from startsafe.logs import kv
+
+logger = logging.getLogger("startsafe.notifications")
+
+# Rows sent per message; the rest go in the next one a moment later.
+BATCH = 2000
+# Lines listed in one message; beyond them the message says how many more.
+LISTED = 50
+MAX_BACKOFF = 600
+
+
+def _conf(name: str):
+    return settings.STARTSAFE[name]
+
+
+# --- Writing the news -----------------------------------------------------------
+
+
+def notify_needs_person(run: Run, now: datetime, why: str) -> None:
+    """A run waits for a person's decision (call it inside the event's transaction)."""
+    Notification.objects.bulk_create(
+        [
+            Notification(
+                kind=NotificationKind.NEEDS_PERSON,
+                dedupe_key=f"needs_person:{run.pk}:{run.current_attempt}",
+                run=run,
+                line=f"Run {run.run_key} (attempt {run.current_attempt}) needs a person: {why}.",
+                due_at=now,
+                created_at=now,
+            )
+        ],
+        ignore_conflicts=True,
+    )
+
+
+def collect_notifications(now: datetime | None = None) -> int:
+    """Write rows for effects that started awaiting approval or near their deadline.
+
+    1. Audit events into ``awaiting_approval`` (from another status) in the last
+       ``NOTIFY_LOOKBACK`` seconds with no row yet: a time window rather than an id
+       cursor, because ids are not committed in order and a cursor would skip a
+       late commit.
+    2. Awaiting effects whose deadline is within ``NOTIFY_DEADLINE_WARNING``
+       (or a quarter of their own TTL, if shorter), once per deadline.
+    The unique ``dedupe_key`` makes collecting twice a no-op.
+    """
+    now = now or timezone.now()
+    rows: list[Notification] = []
+    since = now - timedelta(seconds=_conf("NOTIFY_LOOKBACK"))
+    already = Notification.objects.filter(
+        dedupe_key=_awaiting_key("awaiting_approval:", OuterRef("pk"))
+    )
+    events = (
+        AuditEvent.objects.filter(
+            new_status=EffectStatus.AWAITING_APPROVAL, at__gte=since, effect__isnull=False
+        )
+        .exclude(old_status=EffectStatus.AWAITING_APPROVAL)
+        .filter(~Exists(already))
+        .select_related("effect", "run")
+        .order_by("id")[:BATCH]
+    )
+    for event in events:
+        effect = event.effect
+        rows.append(
+            Notification(
+                kind=NotificationKind.AWAITING_APPROVAL,
+                dedupe_key=f"awaiting_approval:{event.pk}",
+                run_id=event.run_id or effect.run_id,
+                effect=effect,
+                line=f"{effect.tool} awaits approval until {_when(effect.approval_expires_at)}"
+                + (f": {effect.preview[:120]}" if effect.preview else "")
+                + f" (effect {effect.pk})",
+                due_at=now,
+                created_at=now,
+            )
+        )
+    warning = timedelta(seconds=_conf("NOTIFY_DEADLINE_WARNING"))
+    near = Effect.objects.filter(
+        status=EffectStatus.AWAITING_APPROVAL,
+        approval_expires_at__gt=now,
+        approval_expires_at__lte=now + warning,
+    ).order_by("approval_expires_at")[:BATCH]
+    for effect in near:
+        left = effect.approval_expires_at - now
+        # A short-lived approval would be "near its deadline" from its first second.
+        if left > timedelta(seconds=effect.approval_ttl / 4):
+            continue
+        rows.append(
+            Notification(
+                kind=NotificationKind.DEADLINE_NEAR,
+                dedupe_key=f"deadline_near:{effect.pk}:{effect.approval_expires_at.isoformat()}",
+                run_id=effect.run_id,
+                effect=effect,
+                line=f"{effect.tool} expires at {_when(effect.approval_expires_at)} "
+                f"({int(left.total_seconds())} s left) (effect {effect.pk})",
+                due_at=now,
+                created_at=now,
+            )
+        )
+    if rows:
+        Notification.objects.bulk_create(rows, ignore_conflicts=True)
+    return len(rows)
+
+
+def _awaiting_key(prefix: str, expression):
+    from django.db.models import CharField, Value
+    from django.db.models.functions import Cast, Concat
+
+    return Concat(Value(prefix), Cast(expression, CharField()), output_field=CharField())
+
+
+def _when(at: datetime | None) -> str:
+    return at.strftime("%Y-%m-%d %H:%M UTC") if at else "no deadline"
+
+
+# --- Sending --------------------------------------------------------------------
+
+
+@dataclass
+class SendReport:
+    claimed: int = 0
+    skipped: int = 0
+    emails: int = 0
+    webhooks: int = 0
+    email_failures: int = 0
+    webhook_failures: int = 0
+    sent: int = 0
+
+
+def operator_emails() -> list[str]:
+    """``NOTIFY_EMAILS`` if set, else the active operators' addresses."""
+    configured = [e for e in _conf("NOTIFY_EMAILS") if e]
+    if configured:
+        return configured
+    users = (
+        get_user_model().objects.filter(is_active=True, groups__name="operators").exclude(email="")
+    )
+    return sorted(set(users.values_list("email", flat=True)))
+
+
+def claim_pending(now: datetime) -> list[Notification]:
+    """Compare-and-set claim of the due rows, with a lease; a crashed sender's rows
+    come back when the lease passes."""
+    due = Q(status=OutboxStatus.PENDING) | Q(status=OutboxStatus.SENDING)
+    ids = list(
+        Notification.objects.filter(due, due_at__lte=now)
+        .order_by("id")
+        .values_list("pk", flat=True)[:BATCH]
+    )
+    if not ids:
+        return []
+    token = str(uuid.uuid4())
+    Notification.objects.filter(
+        pk__in=ids, status__in=ACTIVE_OUTBOX_STATUSES, due_at__lte=now
+    ).update(
+        status=OutboxStatus.SENDING,
+        claim=token,
+        due_at=now + timedelta(seconds=_conf("NOTIFY_LEASE")),
+    )
+    return list(Notification.objects.filter(claim=token, status=OutboxStatus.SENDING))
+
+
+def _still_news(rows: list[Notification]) -> tuple[list[Notification], list[Notification]]:
+    """Approval news about an effect that was decided meanwhile is no longer news."""
+    effect_ids = {r.effect_id for r in rows if r.kind != NotificationKind.NEEDS_PERSON}
+    awaiting = set(
+        Effect.objects.filter(pk__in=effect_ids, status=EffectStatus.AWAITING_APPROVAL).values_list(
+            "pk", flat=True
+        )
+    )
+    keep, drop = [], []
+    for row in rows:
+        if row.kind == NotificationKind.NEEDS_PERSON or row.effect_id in awaiting:
+            keep.append(row)
+        else:
+            drop.append(row)
+    return keep, drop
+
+
+def compose(rows: list[Notification]) -> tuple[str, str, dict]:
+    """One subject, one body, one JSON payload for all the rows."""
+    counts = {kind: 0 for kind in NotificationKind.values}
+    for row in rows:
+        counts[row.kind] += 1
+    parts = []
+    if counts[NotificationKind.AWAITING_APPROVAL]:
+        parts.append(f"{counts[NotificationKind.AWAITING_APPROVAL]} awaiting approval")
+    if counts[NotificationKind.DEADLINE_NEAR]:
+        parts.append(f"{counts[NotificationKind.DEADLINE_NEAR]} near their deadline")
+    if counts[NotificationKind.NEEDS_PERSON]:
+        parts.append(f"{counts[NotificationKind.NEEDS_PERSON]} run(s) need a person")
+    summary = "startsafe: " + ", ".join(parts)
+    lines = [f"- {row.line}" for row in rows[:LISTED]]
+    if len(rows) > LISTED:
+        lines.append(f"... and {len(rows) - LISTED} more; see the queue.")
+    body = summary + "\n\n" + "\n".join(lines) + "\n"
+    base = _conf("PUBLIC_URL")
+    if base:
+        body += f"\nThe queue: {base.rstrip('/')}/\n"
+    payload = {
+        "text": summary,
+        "counts": counts,
+        "items": [
+            {
+                "kind": row.kind,
+                "run_id": str(row.run_id) if row.run_id else None,
+                "effect_id": str(row.effect_id) if row.effect_id else None,
+                "line": row.line,
+            }
+            for row in rows[:LISTED]
+        ],
+        "more": max(len(rows) - LISTED, 0),
+    }
+    return summary, body, payload
+
+
+def send_pending_notifications(now: datetime | None = None) -> SendReport:
+    """Send every due row as one message per channel; safe to run twice.
+
+    1. Claim the due rows (compare-and-set, with a lease).
+    2. Drop approval news about effects decided meanwhile.
+    3. One e-mail for the rows not yet e-mailed; one POST for those not yet posted.
+    4. A row is ``sent`` when every channel took it; otherwise it goes back to
+       ``pending`` with back-off (the channel that worked is not repeated), and is
+       given up after ``NOTIFY_MAX_TRIES``.
+    """
+    now = now or timezone.now()
+    report = SendReport()
+    rows = claim_pending(now)
+    report.claimed = len(rows)
+    if not rows:
+        return report
+    rows, drop = _still_news(rows)
+    if drop:
+        Notification.objects.filter(pk__in=[r.pk for r in drop]).update(
+            status=OutboxStatus.OBSOLETE
+        )
+        report.skipped = len(drop)
+
+    errors: dict[int, str] = {}
+    to_mail = [r for r in rows if r.email_done_at is None]
+    if to_mail:
+        recipients = operator_emails()
+        error = ""
+        if recipients:
+            subject, body, _ = compose(to_mail)
+            try:
+                EmailMessage(subject, body, to=recipients).send()
+                report.emails += 1
+            except Exception as exc:
+                error = f"e-mail: {type(exc).__name__}: {exc}"[:500]
+                report.email_failures += 1
+                logger.warning(kv("notify_email_failed", rows=len(to_mail), error=error))
+        if error:
+            for row in to_mail:
+                errors[row.pk] = error
+        else:
+            # No recipients is done too: nobody to tell is not a reason to retry.
+            Notification.objects.filter(pk__in=[r.pk for r in to_mail]).update(email_done_at=now)
+            for row in to_mail:
+                row.email_done_at = now
+
+    url = _conf("NOTIFY_WEBHOOK_URL")
+    to_post = [r for r in rows if r.webhook_done_at is None]
+    if to_post and url:
+        _, _, payload = compose(to_post)
+        error = ""
+        try:
+            response = httpx.post(url, json=payload, timeout=_conf("NOTIFY_WEBHOOK_TIMEOUT"))
+            if not 200 <= response.status_code < 300:
+                error = f"webhook: HTTP {response.status_code}: {response.text[:200]}"
+        except httpx.HTTPError as exc:
+            error = f"webhook: {type(exc).__name__}: {exc}"[:500]
+        if error:
+            report.webhook_failures += 1
+            logger.warning(kv("notify_webhook_failed", rows=len(to_post), error=error))
+            for row in to_post:
+                errors[row.pk] = (errors.get(row.pk, "") + " " + error).strip()
+        else:
+            report.webhooks += 1
+            Notification.objects.filter(pk__in=[r.pk for r in to_post]).update(webhook_done_at=now)
+    elif to_post:
+        Notification.objects.filter(pk__in=[r.pk for r in to_post]).update(webhook_done_at=now)
+
+    done = [r.pk for r in rows if r.pk not in errors]
+    Notification.objects.filter(pk__in=done, claim__in=[r.claim for r in rows[:1]]).update(
+        status=OutboxStatus.SENT, last_error=""
+    )
+    report.sent = len(done)
+    for row in rows:
+        if row.pk not in errors:
+            continue
+        tries = row.tries + 1
+        given_up = tries >= _conf("NOTIFY_MAX_TRIES")
+        Notification.objects.filter(pk=row.pk, claim=row.claim).update(
+            status=OutboxStatus.GIVEN_UP if given_up else OutboxStatus.PENDING,
+            tries=tries,
+            due_at=now + timedelta(seconds=min(2**tries, MAX_BACKOFF)),
+            last_error=errors[row.pk],
+        )
+    return report
+
+
+def notify(now: datetime | None = None) -> SendReport:
+    """The periodic task's body: collect the news, then send it."""
+    now = now or timezone.now()
+    started = time.monotonic()
+    collected = collect_notifications(now)
+    report = send_pending_notifications(now)
+    duration = time.monotonic() - started
+    logger.info(
+        kv(
+            "notify",
+            collected=collected,
+            claimed=report.claimed,
+            sent=report.sent,
+            skipped=report.skipped,
+            emails=report.emails,
+            webhooks=report.webhooks,
+            email_failures=report.email_failures,
+            webhook_failures=report.webhook_failures,
+            duration=f"{duration:.4f}",
+        )
+    )
+    record_task_run(
+        "notify",
+        now,
+        duration,
+        error="webhook or e-mail failed"
+        if report.email_failures or report.webhook_failures
+        else "",
+        emails=report.emails,
+        webhooks=report.webhooks,
+        email_failures=report.email_failures,
+        webhook_failures=report.webhook_failures,
+    )
+    return report

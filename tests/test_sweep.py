@@ -1,0 +1,247 @@
+"""The sweep as a plain function, with the clock moved by ``now=`` (no sleeps)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.core.management import call_command
+
+from approvals.models import Notification, RestartHandoff, TaskState
+from runs import sweep as sweep_module
+from runs.lifecycle import record_call, start_run
+from runs.models import AuditEvent, EffectStatus, Run, RunStatus
+from runs.sweep import sweep
+
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+
+
+def later(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def queued(monkeypatch):
+    """The hand-offs queued to the broker, instead of a broker."""
+    calls: list[tuple] = []
+    monkeypatch.setattr(
+        "runs.handoff.enqueue_handoff",
+        lambda run_id, attempt, **kw: calls.append((run_id, attempt)),
+    )
+    return calls
+
+
+def _call_in_flight(agent, run, key="mail:1"):
+    return record_call(
+        agent,
+        run.pk,
+        attempt=run.current_attempt,
+        tool="send_mail",
+        kind="effect",
+        args={"to": "a@example.com"},
+        key=key,
+        key_source="intent",
+        now=T0,
+    ).effect
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stale_run_is_interrupted_and_its_in_flight_effect_becomes_unknown(agent, queued):
+    run = start_run(agent, "job-1", heartbeat_timeout=5, now=T0).run
+    effect = _call_in_flight(agent, run)
+
+    report = sweep(now=later(6))
+
+    assert report.interrupted == [str(run.pk)]
+    run.refresh_from_db()
+    effect.refresh_from_db()
+    assert run.status == RunStatus.INTERRUPTED
+    assert effect.status == EffectStatus.UNKNOWN
+    # No restart URL: a safe keyed run is marked ready, and nothing is queued.
+    assert run.restart_ready is True
+    assert queued == []
+
+
+@pytest.mark.django_db
+def test_a_run_within_its_heartbeat_timeout_is_left_alone(agent, queued):
+    run = start_run(agent, "job-1", heartbeat_timeout=5, now=T0).run
+
+    report = sweep(now=later(4.9))
+
+    assert report.interrupted == []
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_safe_run_with_a_restart_url_gets_a_handoff_row_queued_after_commit(agent, queued):
+    run = start_run(
+        agent, "job-1", heartbeat_timeout=5, restart_url="http://runtime.test/restart", now=T0
+    ).run
+
+    report = sweep(now=later(6))
+
+    assert report.restart_ready == [str(run.pk)]
+    handoff = RestartHandoff.objects.get(run=run)
+    assert (handoff.attempt, handoff.status) == (2, "pending")
+    # Queued on commit, for the attempt to start next.
+    assert queued == [(str(run.pk), 2)]
+
+
+@pytest.mark.django_db
+def test_past_the_cap_of_automatic_restarts_the_run_waits_for_a_person(agent, queued, settings):
+    settings.STARTSAFE = {**settings.STARTSAFE, "AUTO_RESTART_CAP": 2}
+    run = start_run(agent, "job-1", heartbeat_timeout=5, now=T0).run
+    Run.objects.filter(pk=run.pk).update(auto_restarts=2)
+
+    report = sweep(now=later(6))
+
+    assert report.needs_person == [str(run.pk)]
+    run.refresh_from_db()
+    assert run.restart_ready is False
+    event = AuditEvent.objects.get(run=run, verb="needs_person")
+    assert event.note == "automatic restarts capped"
+    # Operators hear of it: the outbox row was written with the event.
+    assert Notification.objects.filter(kind="needs_person", run=run).count() == 1
+
+
+@pytest.mark.django_db
+def test_a_manual_policy_run_is_never_handed_back(agent, queued):
+    run = start_run(
+        agent,
+        "job-1",
+        heartbeat_timeout=5,
+        restart_policy="manual",
+        restart_url="http://runtime.test/restart",
+        now=T0,
+    ).run
+
+    report = sweep(now=later(6))
+
+    assert report.needs_person == [str(run.pk)]
+    assert not RestartHandoff.objects.exists()
+
+
+@pytest.mark.django_db
+def test_an_effect_past_its_timeout_becomes_unknown_while_its_run_goes_on(agent, queued):
+    run = start_run(agent, "job-1", heartbeat_timeout=600, now=T0).run
+    effect = record_call(
+        agent,
+        run.pk,
+        attempt=1,
+        tool="charge",
+        kind="effect",
+        args={"cents": 100},
+        key="charge:1",
+        key_source="intent",
+        timeout=30,
+        now=T0,
+    ).effect
+
+    assert sweep(now=later(29)).timed_out == []
+    report = sweep(now=later(31))
+
+    assert report.timed_out == [str(effect.pk)]
+    effect.refresh_from_db()
+    run.refresh_from_db()
+    assert effect.status == EffectStatus.UNKNOWN
+    assert run.status == RunStatus.RUNNING
+
+
+@pytest.mark.django_db
+def test_an_approval_expires_at_its_deadline_and_not_before(agent, queued):
+    run = start_run(agent, "job-1", heartbeat_timeout=3600, now=T0).run
+    effect = record_call(
+        agent,
+        run.pk,
+        attempt=1,
+        tool="refund",
+        kind="effect",
+        args={"cents": 100},
+        key="refund:1",
+        key_source="intent",
+        needs_approval=True,
+        approval_ttl=120,
+        now=T0,
+    ).effect
+
+    assert sweep(now=later(119)).expired == []
+    effect.refresh_from_db()
+    assert effect.status == EffectStatus.AWAITING_APPROVAL
+
+    report = sweep(now=later(120))
+
+    assert report.expired == [str(effect.pk)]
+    effect.refresh_from_db()
+    assert effect.status == EffectStatus.EXPIRED
+    assert effect.decision["verb"] == "expired"
+
+
+@pytest.mark.django_db
+def test_sweeping_twice_changes_nothing_the_second_time(agent, queued):
+    run = start_run(agent, "job-1", heartbeat_timeout=5, now=T0).run
+    sweep(now=later(6))
+    events = AuditEvent.objects.filter(run=run).count()
+
+    report = sweep(now=later(7))
+
+    assert report.interrupted == [] and report.errors == []
+    assert AuditEvent.objects.filter(run=run).count() == events
+
+
+@pytest.mark.django_db
+def test_a_broken_run_is_logged_pushed_back_and_does_not_stop_the_others(
+    agent, other_agent, queued, monkeypatch
+):
+    broken = start_run(agent, "job-broken", heartbeat_timeout=5, now=T0).run
+    fine = start_run(other_agent, "job-fine", heartbeat_timeout=5, now=later(0.5)).run
+    real = sweep_module.interrupt_stale_run
+
+    def interrupt(run_id, now, report):
+        if str(run_id) == str(broken.pk):
+            raise RuntimeError("a bad row")
+        return real(run_id, now, report)
+
+    monkeypatch.setattr(sweep_module, "interrupt_stale_run", interrupt)
+
+    report = sweep(now=later(6))
+
+    assert report.interrupted == [str(fine.pk)]
+    assert len(report.errors) == 1 and "a bad row" in report.errors[0]
+    broken.refresh_from_db()
+    # Pushed back: the next sweeps skip it instead of failing on it each time.
+    assert broken.status == RunStatus.RUNNING
+    assert broken.stale_at > later(6)
+    assert TaskState.objects.get(name="sweep").errors_total == 1
+
+
+@pytest.mark.django_db
+def test_each_sweep_records_its_duration_for_the_metrics(agent, queued):
+    sweep(now=later(1))
+    sweep(now=later(2))
+
+    state = TaskState.objects.get(name="sweep")
+    assert state.runs_total == 2
+    assert state.last_started_at == later(2)
+    assert state.last_duration >= 0
+
+
+@pytest.mark.django_db
+def test_the_management_command_runs_the_same_sweep(agent, queued, capsys):
+    run = start_run(agent, "job-1", heartbeat_timeout=5, now=T0).run
+    Run.objects.filter(pk=run.pk).update(stale_at=T0)  # stale by now, whatever the clock
+
+    call_command("sweep")
+
+    run.refresh_from_db()
+    assert run.status == RunStatus.INTERRUPTED
+    assert "1 run(s) interrupted" in capsys.readouterr().out
+
+
+def test_the_schedule_runs_the_sweep_and_notifications_from_settings(settings):
+    from startsafe.celery import app
+
+    schedule = app.conf.beat_schedule
+    assert schedule["sweep"]["task"] == "runs.tasks.sweep"
+    assert schedule["sweep"]["schedule"] == settings.STARTSAFE["SWEEP_INTERVAL"]
+    assert schedule["notify"]["task"] == "approvals.tasks.notify"
