@@ -1,0 +1,406 @@
+"""The client's run context and tool calls against a scripted peer (``httpx.MockTransport``):
+each action of the contract leads to the right requests and the right exception.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+
+import startsafe_client as ss
+
+RUN = {"id": "run-1", "run_key": "t-1", "heartbeat_timeout": 60, "status": "running"}
+
+
+def started(attempt: int = 1) -> dict:
+    return {
+        "run": {**RUN, "current_attempt": attempt},
+        "attempt": {"number": attempt, "status": "running"},
+        "verdict": {"safe": True, "policy": "keyed", "blocking": [], "notes": []},
+        "journal": [],
+        "effects": [],
+    }
+
+
+def effect(status: str, **fields) -> dict:
+    return {"id": "eff-1", "status": status, "args": {"text": "recorded"}, "result": None, **fields}
+
+
+def call_answer(action: str, eff: dict | None) -> dict:
+    return {"call": {"id": "c", "seq": 1, "action": action}, "action": action, "effect": eff}
+
+
+class Peer:
+    """Answers by ``"METHOD /path"`` from queues (the last answer repeats); records requests."""
+
+    def __init__(self, **routes: list) -> None:
+        self.routes = {k.replace("__", " /").replace("_", "/"): v for k, v in routes.items()}
+        self.seen: list[tuple[str, str, dict | None, httpx.Request]] = []
+
+    def on(self, route: str, *answers) -> Peer:
+        self.routes[route] = list(answers)
+        return self
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path.removeprefix("/api/v1")
+        body = json.loads(request.content) if request.content else None
+        self.seen.append((request.method, path, body, request))
+        queue = self.routes[f"{request.method} {path}"]
+        answer = queue.pop(0) if len(queue) > 1 else queue[0]
+        if isinstance(answer, httpx.Response):
+            return answer
+        status, payload = answer
+        return httpx.Response(status, json=payload)
+
+    def bodies(self, method: str, path: str) -> list[dict | None]:
+        return [b for m, p, b, _ in self.seen if (m, p) == (method, path)]
+
+
+def refusal(code: str, **details) -> tuple[int, dict]:
+    return 409, {"error": {"code": code, "message": code, "details": details}}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def make(peer: Peer, **options) -> ss.Client:
+    clock = FakeClock()
+    return ss.Client(
+        "http://startsafe.test",
+        "tok",
+        transport=httpx.MockTransport(peer),
+        sleep=clock.sleep,
+        clock=clock,
+        poll_interval=1.0,
+        **options,
+    )
+
+
+def base_peer() -> Peer:
+    return (
+        Peer()
+        .on("POST /runs", (201, started()))
+        .on("POST /runs/run-1/finish", (200, {"run": {**RUN, "status": "completed"}}))
+        .on("POST /runs/run-1/heartbeat", (200, {"run": RUN}))
+    )
+
+
+def reply_tool(client: ss.Client, ran: list, **options) -> ss.Tool:
+    @client.tool(
+        kind="effect", key=lambda a: ss.provider_key("outlook", "message", a["mid"]), **options
+    )
+    def send_reply(mid: str, text: str) -> dict:
+        ran.append({"mid": mid, "text": text})
+        return {"sent": text}
+
+    return send_reply
+
+
+def test_execute_runs_the_recorded_args_and_reports_done():
+    peer = base_peer()
+    recorded = effect("in_flight", args={"mid": "m-1", "text": "edited by olivia"})
+    peer.on("POST /runs/run-1/calls", (201, call_answer("execute", recorded)))
+    peer.on(
+        "POST /effects/eff-1/complete",
+        (200, {"effect": {**recorded, "status": "done", "result": {"sent": "edited by olivia"}}}),
+    )
+    client, ran = make(peer), []
+    send_reply = reply_tool(client, ran)
+
+    with client.run("t-1", title="Ticket") as run:
+        result = run.call(send_reply, mid="m-1", text="what the model wrote")
+
+    # The function ran with effect.args from the answer, not the model's text.
+    assert ran == [{"mid": "m-1", "text": "edited by olivia"}]
+    assert result == {"sent": "edited by olivia"}
+    call = peer.bodies("POST", "/runs/run-1/calls")[0]
+    assert call == {
+        "attempt": 1,
+        "tool": "send_reply",
+        "kind": "effect",
+        "args": {"mid": "m-1", "text": "what the model wrote"},
+        "key": "outlook:message:m-1",
+        "key_source": "provider",
+    }
+    assert peer.bodies("POST", "/effects/eff-1/complete") == [
+        {"run_id": "run-1", "attempt": 1, "outcome": "done", "result": {"sent": "edited by olivia"}}
+    ]
+    assert peer.bodies("POST", "/runs/run-1/finish") == [{"attempt": 1, "outcome": "completed"}]
+    assert run.id == "run-1" and run.attempt == 1 and len(run.journal) == 1
+
+
+def test_skip_returns_the_recorded_result_without_running_the_tool():
+    peer = base_peer().on(
+        "POST /runs/run-1/calls", (201, call_answer("skip", effect("done", result={"sent": "x"})))
+    )
+    client, ran = make(peer), []
+    send_reply = reply_tool(client, ran)
+
+    with client.run("t-1") as run:
+        assert run.call(send_reply, mid="m-1", text="again") == {"sent": "x"}
+
+    assert ran == []
+    assert peer.bodies("POST", "/effects/eff-1/complete") == []
+
+
+def test_a_read_is_recorded_then_run_with_the_given_args():
+    peer = base_peer().on("POST /runs/run-1/calls", (201, call_answer("execute", None)))
+    client = make(peer)
+
+    @client.tool(kind="read")
+    def lookup_customer(email: str) -> dict:
+        return {"email": email, "plan": "pro"}
+
+    with client.run("t-1") as run:
+        assert run.call(lookup_customer, email="a@x") == {"email": "a@x", "plan": "pro"}
+
+    assert peer.bodies("POST", "/runs/run-1/calls") == [
+        {"attempt": 1, "tool": "lookup_customer", "kind": "read", "args": {"email": "a@x"}}
+    ]
+
+
+def test_wait_polls_with_etag_until_released_then_claims_and_executes():
+    approved = effect("approved", args={"mid": "m-1", "text": "approved text"})
+    peer = base_peer()
+    peer.on("POST /runs/run-1/calls", (201, call_answer("wait", effect("awaiting_approval"))))
+    peer.on(
+        "GET /effects/eff-1",
+        httpx.Response(
+            200,
+            json={"effect": effect("awaiting_approval"), "action": "wait"},
+            headers={"ETag": '"r3"'},
+        ),
+        httpx.Response(304, headers={"ETag": '"r3"'}),
+        httpx.Response(200, json={"effect": approved, "action": "claim"}, headers={"ETag": '"r4"'}),
+    )
+    peer.on("POST /effects/eff-1/claim", (200, {"effect": approved, "action": "execute"}))
+    peer.on("POST /effects/eff-1/complete", (200, {"effect": {**approved, "status": "done"}}))
+    client, ran = make(peer), []
+    send_campaign = reply_tool(client, ran, needs_approval=True, approvals_required=2)
+
+    with client.run("t-1") as run:
+        run.call(send_campaign, mid="m-1", text="model text")
+
+    assert ran == [{"mid": "m-1", "text": "approved text"}]
+    polls = [r for m, p, _, r in peer.seen if (m, p) == ("GET", "/effects/eff-1")]
+    assert [r.headers.get("If-None-Match") for r in polls] == [None, '"r3"', '"r3"']
+    assert peer.bodies("POST", "/effects/eff-1/claim") == [{"run_id": "run-1", "attempt": 1}]
+    call = peer.bodies("POST", "/runs/run-1/calls")[0]
+    assert (call["needs_approval"], call["approvals_required"]) == (True, 2)
+
+
+def test_a_wait_that_outlasts_the_approval_timeout_raises_approval_timeout():
+    peer = base_peer()
+    peer.on("POST /runs/run-1/calls", (201, call_answer("wait", effect("awaiting_approval"))))
+    peer.on("GET /effects/eff-1", httpx.Response(304))
+    peer.on("POST /runs/run-1/finish", (200, {"run": {**RUN, "status": "failed"}}))
+    client, ran = make(peer, approval_timeout=30), []
+    send_campaign = reply_tool(client, ran, needs_approval=True)
+
+    with pytest.raises(ss.ApprovalTimeout) as raised, client.run("t-1") as run:
+        run.call(send_campaign, mid="m-1", text="x")
+
+    assert raised.value.effect_id == "eff-1"
+    assert ran == []
+    finish = peer.bodies("POST", "/runs/run-1/finish")[0]
+    assert finish["outcome"] == "failed" and "approval_timeout" in finish["error"]
+
+
+def test_blocked_raises_effect_blocked_with_the_note_for_the_model():
+    rejected = effect(
+        "rejected", decision={"verb": "rejected", "note": "Not to the EU list", "final": False}
+    )
+    peer = base_peer().on("POST /runs/run-1/calls", (201, call_answer("blocked", rejected)))
+    peer.on("POST /runs/run-1/finish", (200, {"run": RUN}))
+    client, ran = make(peer), []
+    tool = reply_tool(client, ran)
+
+    with client.run("t-1") as run:
+        with pytest.raises(ss.EffectBlocked) as raised:
+            run.call(tool, mid="m-1", text="x")
+        assert raised.value.note == "Not to the EU list"
+        assert raised.value.final is False
+
+    assert ran == []
+
+
+def test_review_runs_the_reconcile_lookup_and_goes_on_with_its_answer():
+    done = effect("done", result={"found": "ledger line 3"})
+    peer = base_peer()
+    peer.on("POST /runs/run-1/calls", (201, call_answer("review", effect("unknown", key="k"))))
+    peer.on("POST /effects/eff-1/reconcile", (200, {"effect": done, "action": "skip"}))
+    client, ran, looked = make(peer), [], []
+
+    def lookup(args, key):
+        looked.append((args, key))
+        return ss.Reconciliation.done("found it in sent items", {"found": "ledger line 3"})
+
+    tool = reply_tool(client, ran, reconcile=lookup)
+    with client.run("t-1") as run:
+        assert run.call(tool, mid="m-1", text="x") == {"found": "ledger line 3"}
+
+    assert looked == [({"text": "recorded"}, "k")]
+    assert ran == []
+    assert peer.bodies("POST", "/effects/eff-1/reconcile") == [
+        {
+            "run_id": "run-1",
+            "attempt": 1,
+            "outcome": "done",
+            "evidence": "found it in sent items",
+            "result": {"found": "ledger line 3"},
+        }
+    ]
+
+
+def test_review_released_by_the_lookup_is_claimed_and_executed():
+    released = effect("pending", args={"mid": "m-1", "text": "recorded"})
+    peer = base_peer()
+    peer.on("POST /runs/run-1/calls", (201, call_answer("review", effect("unknown"))))
+    peer.on("POST /effects/eff-1/reconcile", (200, {"effect": released, "action": "claim"}))
+    peer.on("POST /effects/eff-1/claim", (200, {"effect": released, "action": "execute"}))
+    peer.on("POST /effects/eff-1/complete", (200, {"effect": {**released, "status": "done"}}))
+    client, ran = make(peer), []
+    tool = reply_tool(
+        client, ran, reconcile=lambda a, k: ss.Reconciliation.not_done("not in the mailbox")
+    )
+
+    with client.run("t-1") as run:
+        run.call(tool, mid="m-1", text="x")
+
+    assert ran == [{"mid": "m-1", "text": "recorded"}]
+
+
+@pytest.mark.parametrize("lookup", [None, lambda args, key: None])
+def test_review_without_a_lookup_or_with_one_that_cannot_tell_is_outcome_unknown(lookup):
+    peer = base_peer().on("POST /runs/run-1/calls", (201, call_answer("review", effect("unknown"))))
+    peer.on("POST /runs/run-1/finish", (200, {"run": RUN}))
+    client, ran = make(peer), []
+    tool = reply_tool(client, ran, reconcile=lookup)
+
+    with pytest.raises(ss.OutcomeUnknown) as raised, client.run("t-1") as run:
+        run.call(tool, mid="m-1", text="x")
+
+    assert "/effects/eff-1/" in str(raised.value)
+    assert peer.bodies("POST", "/effects/eff-1/reconcile") == []
+
+
+def test_a_failing_tool_is_reported_failed_and_re_raised():
+    peer = base_peer()
+    peer.on("POST /runs/run-1/calls", (201, call_answer("execute", effect("in_flight"))))
+    peer.on("POST /effects/eff-1/complete", (200, {"effect": effect("failed")}))
+    client = make(peer)
+
+    @client.tool(kind="effect", key=lambda a: ss.intent_key("campaign", campaign_id="c"))
+    def send_campaign(text: str) -> dict:
+        raise RuntimeError("SMTP said no")
+
+    with pytest.raises(RuntimeError, match="SMTP said no"), client.run("t-1") as run:
+        run.call(send_campaign, text="x")
+
+    complete = peer.bodies("POST", "/effects/eff-1/complete")[0]
+    assert complete["outcome"] == "failed" and "SMTP said no" in complete["error"]
+    assert peer.bodies("POST", "/runs/run-1/finish")[0]["outcome"] == "failed"
+
+
+def test_a_key_rule_that_finds_nothing_records_nothing():
+    peer = base_peer()
+    client, ran = make(peer), []
+    tool = reply_tool(client, ran)
+
+    with client.run("t-1") as run, pytest.raises(ValueError):
+        run.call(tool, mid="", text="x")
+
+    assert peer.bodies("POST", "/runs/run-1/calls") == []
+
+
+def test_a_tool_called_directly_refuses():
+    client, ran = make(base_peer()), []
+    tool = reply_tool(client, ran)
+
+    with pytest.raises(TypeError, match="run.call"):
+        tool(mid="m", text="x")
+
+
+def test_a_live_attempt_is_not_superseded_unless_told():
+    fresh = datetime.now(UTC).isoformat()
+    peer = base_peer().on("POST /runs", refusal("already_running", attempt=1, heartbeat_at=fresh))
+    client = make(peer)
+
+    with pytest.raises(ss.AlreadyRunning) as raised, client.run("t-1"):
+        pass
+
+    assert raised.value.attempt == 1
+    assert len(peer.bodies("POST", "/runs")) == 1
+
+
+def test_supersede_true_names_the_live_attempt():
+    fresh = datetime.now(UTC).isoformat()
+    peer = base_peer().on(
+        "POST /runs", refusal("already_running", attempt=3, heartbeat_at=fresh), (200, started(4))
+    )
+    client = make(peer)
+
+    with client.run("t-1", supersede=True) as run:
+        assert run.attempt == 4
+
+    starts = peer.bodies("POST", "/runs")
+    assert "supersede" not in starts[0] and starts[1]["supersede"] == 3
+    keys = [r.headers["Idempotency-Key"] for m, p, _, r in peer.seen if p == "/runs"]
+    assert keys[0] != keys[1]  # two logical requests
+
+
+@pytest.mark.parametrize(("age", "supersedes"), [(10, False), (120, True)])
+def test_supersede_stale_supersedes_only_an_attempt_older_than_its_heartbeat_timeout(
+    age, supersedes
+):
+    beat = (datetime.now(UTC) - timedelta(seconds=age)).isoformat()
+    peer = base_peer().on(
+        "POST /runs", refusal("already_running", attempt=1, heartbeat_at=beat), (200, started(2))
+    )
+    peer.on("GET /runs", (200, {"items": [{**RUN, "heartbeat_timeout": 60}], "next_cursor": None}))
+    client = make(peer)
+
+    if supersedes:
+        with client.run("t-1", supersede="stale") as run:
+            assert run.attempt == 2
+    else:
+        with pytest.raises(ss.AlreadyRunning), client.run("t-1", supersede="stale"):
+            pass
+
+
+def test_a_blocked_restart_raises_restart_blocked_with_the_verdict():
+    verdict = {"safe": False, "policy": "keyed", "blocking": [{"reason": "unkeyed_effect"}]}
+    peer = base_peer().on("POST /runs", refusal("restart_blocked", verdict=verdict))
+    client = make(peer)
+
+    with pytest.raises(ss.RestartBlocked) as raised, client.run("t-1"):
+        pass
+
+    assert raised.value.verdict == verdict
+
+
+def test_a_superseded_heartbeat_stops_the_block_at_the_next_call_without_finishing():
+    peer = base_peer().on("POST /runs/run-1/heartbeat", refusal("attempt_superseded"))
+    peer.on("POST /runs", (201, {**started(), "run": {**RUN, "heartbeat_timeout": 1.5}}))
+    client, ran = make(peer), []
+    tool = reply_tool(client, ran)
+
+    with pytest.raises(ss.AttemptSuperseded), client.run("t-1") as run:
+        run._heartbeat_thread.join(timeout=5)  # the thread ends once it learns it
+        assert isinstance(run.stopped, ss.AttemptSuperseded)
+        run.call(tool, mid="m-1", text="x")
+
+    assert ran == []
+    assert peer.bodies("POST", "/runs/run-1/calls") == []
+    assert peer.bodies("POST", "/runs/run-1/finish") == []
