@@ -76,9 +76,10 @@ def _decide_effect(effect_id: Any, user, args_hash: str, allowed: tuple, now: da
        committed, then the decision is refused (409).
     3. A status the table does not allow is 409; a stale hash is 409.
     """
-    actor = _require_decider(user)
+    # A malformed request is 400 before anything else (product.md: checked first).
     if not args_hash:
         raise InvalidRequest("args_hash is required.", {"fields": {"args_hash": "required"}})
+    actor = _require_decider(user)
     refusal = None
     with transaction.atomic():
         effect = _lock_effect(effect_id)
@@ -120,13 +121,14 @@ def approve_effect(
     """
     now = now or timezone.now()
     note = (note or "").strip()
+    # Invalid edited arguments are a 400, checked before permission and state.
+    if edited_args is not None and not isinstance(edited_args, dict):
+        raise InvalidRequest(
+            "The edited arguments must be a JSON object.", {"fields": {"args": "object"}}
+        )
 
     def decide(effect: Effect, actor: Actor) -> None:
         if edited_args is not None:
-            if not isinstance(edited_args, dict):
-                raise InvalidRequest(
-                    "The edited arguments must be a JSON object.", {"fields": {"args": "object"}}
-                )
             edited_hash = compute_args_hash(edited_args)
             if edited_hash != effect.args_hash:
                 effect.args = edited_args
@@ -150,6 +152,8 @@ def approve_effect(
                     note=note,
                     data={"args_hash": edited_hash, "previous_args_hash": args_hash},
                 )
+        # The effect's lock serialises approvals, so current_approvals is the truth
+        # about the current version; it is what guards one approval per operator.
         if any(a["by"] == actor.label for a in effect.current_approvals):
             raise NotAllowed("You already approved this version.", {"status": effect.status})
         try:
@@ -158,9 +162,12 @@ def approve_effect(
                     effect=effect, user=user, args_hash=effect.args_hash, note=note, at=now
                 )
         except IntegrityError:
-            raise NotAllowed(
-                "You already approved this version.", {"status": effect.status}
-            ) from None
+            # This operator approved the same content in an earlier version (v1, then
+            # v2, then v1 again). That approval stopped counting when v2 came, so the
+            # new version needs theirs again: refresh the row instead of refusing.
+            Approval.objects.filter(effect=effect, user=user, args_hash=effect.args_hash).update(
+                note=note, at=now
+            )
         effect.current_approvals = [
             *effect.current_approvals,
             {"by": actor.label, "at": now.isoformat(), "note": note, "args_hash": effect.args_hash},

@@ -1,0 +1,222 @@
+"""The restart verdict (runs/verdict.py) and the operator's override (product.md)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from lifecycle_helpers import read, send, start
+
+from approvals.decisions import (
+    allow_restart,
+    approve_effect,
+    mark_effect_done,
+    reject_effect,
+)
+from runs.errors import RestartBlocked
+from runs.lifecycle import complete_effect, finish_run
+from runs.models import Attempt, AuditEvent, EffectStatus, Run
+from runs.verdict import restart_verdict
+
+pytestmark = pytest.mark.django_db
+
+
+def _stopped(agent, policy="keyed", **kwargs):
+    run = start(agent, restart_policy=policy, **kwargs).run
+    return run
+
+
+def _fail(agent, run, attempt=1):
+    finish_run(agent, run.pk, attempt=attempt, outcome="failed")
+    run.refresh_from_db()
+    return run
+
+
+def test_a_run_with_an_empty_journal_is_safe_under_every_automatic_policy(agent):
+    for policy in ("keyed", "blunt"):
+        run = start(agent, f"empty-{policy}", restart_policy=policy).run
+
+        verdict = restart_verdict(run)
+
+        assert (verdict.safe, verdict.blocking, verdict.policy) == (True, [], policy)
+
+
+def test_reads_never_block_a_keyed_restart(agent):
+    run = start(agent).run
+    read(agent, run)
+
+    assert restart_verdict(run).safe is True
+    _fail(agent, run)
+    assert start(agent).attempt.number == 2
+
+
+def test_the_blunt_policy_blocks_on_any_recorded_call_reads_included(agent):
+    run = start(agent, restart_policy="blunt").run
+    call = read(agent, run).call
+
+    verdict = restart_verdict(run)
+
+    assert verdict.safe is False
+    assert verdict.blocking[0]["reason"] == "recorded_call"
+    assert verdict.blocking[0]["call_id"] == str(call.pk)
+
+
+def test_the_manual_policy_never_restarts_automatically(agent):
+    run = start(agent, restart_policy="manual").run
+
+    verdict = restart_verdict(run)
+
+    assert verdict.safe is False
+    assert [b["reason"] for b in verdict.blocking] == ["manual_policy"]
+
+
+def test_keyed_effects_never_block_whatever_their_status(agent, operator):
+    run = start(agent).run
+    done = send(agent, run, key="k:done").effect
+    complete_effect(agent, done.pk, run_id=run.pk, attempt=1, outcome="done")
+    failed = send(agent, run, key="k:failed").effect
+    complete_effect(agent, failed.pk, run_id=run.pk, attempt=1, outcome="failed")
+    send(agent, run, key="k:awaiting", needs_approval=True)
+    rejected = send(agent, run, key="k:rejected", needs_approval=True).effect
+    reject_effect(operator, rejected.pk, args_hash=rejected.args_hash, note="no")
+    send(agent, run, key="k:unknown")
+    run = _fail(agent, run)  # k:unknown was in flight: now unknown
+
+    verdict = restart_verdict(run)
+
+    assert verdict.safe is True
+    assert [n["reason"] for n in verdict.notes] == [
+        "done",
+        "failed",
+        "awaiting_approval",
+        "rejected",
+        "unknown_outcome",
+    ]
+
+
+def test_an_expired_effect_is_a_note_that_it_stays_blocked(agent):
+    t0 = timezone.now()
+    run = start(agent, heartbeat_timeout=3600, now=t0).run
+    effect = send(agent, run, needs_approval=True, approval_ttl=60, now=t0).effect
+    send(agent, run, now=t0 + timedelta(minutes=5))  # the replay records the expiry
+
+    verdict = restart_verdict(run)
+
+    assert verdict.safe is True
+    assert verdict.notes == [
+        {
+            "reason": "expired",
+            "effect_id": str(effect.pk),
+            "tool": "send_email",
+            "message": (
+                "send_email (outlook:message:1) is expired: it stays blocked unless revised."
+            ),
+        }
+    ]
+
+
+def test_an_unkeyed_effect_that_was_started_blocks_a_keyed_restart(agent):
+    run = start(agent).run
+    effect = send(agent, run, key=None).effect
+
+    verdict = restart_verdict(run)
+
+    assert verdict.safe is False
+    assert verdict.blocking[0]["reason"] == "unkeyed_effect"
+    assert verdict.blocking[0]["effect_id"] == str(effect.pk)
+
+
+def test_an_unkeyed_effect_that_never_started_does_not_block(agent):
+    run = start(agent).run
+    effect = send(agent, run, key=None, needs_approval=True).effect
+
+    verdict = restart_verdict(run)
+
+    # Only a started unkeyed effect could run twice.
+    assert verdict.safe is True
+    assert verdict.notes[0]["effect_id"] == str(effect.pk)
+
+
+def test_no_decision_on_the_effect_removes_an_unkeyed_block(agent, operator):
+    run = start(agent).run
+    effect = send(agent, run, key=None).effect
+    run = _fail(agent, run)
+    effect.refresh_from_db()
+
+    mark_effect_done(operator, effect.pk, args_hash=effect.args_hash, note="it was sent")
+
+    assert restart_verdict(run).safe is False
+    with pytest.raises(RestartBlocked):
+        start(agent)
+
+
+def test_a_keyed_unknown_effect_lets_the_run_restart_and_holds_it_for_review(agent):
+    run = start(agent).run
+    effect = send(agent, run).effect
+
+    restarted = start(agent, supersede=1)
+
+    assert restarted.attempt.number == 2
+    assert restarted.verdict.notes[0]["reason"] == "unknown_outcome"
+    replay = send(agent, run, attempt=2)
+    assert replay.action == "review"
+    effect.refresh_from_db()
+    assert effect.status == EffectStatus.UNKNOWN
+
+
+def test_a_refused_restart_answers_the_verdict_and_keeps_the_run_stopped(agent):
+    run = start(agent, restart_policy="blunt").run
+    read(agent, run)
+    run = _fail(agent, run)
+
+    with pytest.raises(RestartBlocked) as caught:
+        start(agent)
+
+    assert caught.value.details["verdict"]["blocking"][0]["reason"] == "recorded_call"
+    run.refresh_from_db()
+    assert (run.status, run.current_attempt) == ("failed", 1)
+
+
+def test_an_operator_override_admits_exactly_one_attempt(agent, operator):
+    run = start(agent, restart_policy="manual").run
+    run = _fail(agent, run)
+    allow_restart(operator, run.pk, note="checked the mailbox")
+    run.refresh_from_db()
+    assert restart_verdict(run).override["by"] == "olivia"
+
+    restarted = start(agent)
+
+    assert restarted.attempt.started_by == "operator:olivia"
+    assert "checked the mailbox" in restarted.attempt.reason
+    # The attempt keeps the verdict it was admitted under, override included.
+    assert restarted.attempt.verdict_at_start["override"]["note"] == "checked the mailbox"
+    run.refresh_from_db()
+    assert run.override_at is None
+    assert restarted.verdict.override is None
+    # Consumed: the next restart is refused again.
+    finish_run(agent, run.pk, attempt=2, outcome="failed")
+    with pytest.raises(RestartBlocked):
+        start(agent)
+    assert Attempt.objects.filter(run=run).count() == 2
+
+
+def test_an_override_lets_a_superseding_start_through(agent, operator):
+    run = start(agent).run
+    send(agent, run, key=None)
+    with pytest.raises(RestartBlocked):
+        start(agent, supersede=1)
+    allow_restart(operator, run.pk, note="the unkeyed call was a no-op")
+
+    restarted = start(agent, supersede=1)
+
+    assert restarted.attempt.number == 2
+    assert AuditEvent.objects.filter(run=run, verb="restart_allowed").count() == 1
+
+
+def test_the_verdict_notes_an_approved_effect_will_execute(agent, operator):
+    run = start(agent).run
+    effect = send(agent, run, needs_approval=True).effect
+    approve_effect(operator, effect.pk, args_hash=effect.args_hash)
+
+    assert restart_verdict(Run.objects.get(pk=run.pk)).notes[0]["reason"] == "approved"
