@@ -1,0 +1,265 @@
+"""The operator console's pages: queue, runs, run, effect, restart history.
+
+Every page makes a fixed number of queries whatever the number of rows
+(select_related / prefetch, lists capped or paginated); tests/test_console_queries.py
+holds them to it. The POST actions are in ``approvals/views_actions.py``.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required, permission_required
+from django.core.paginator import Paginator
+from django.db.models import Count, Q
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from approvals.decisions import can_decide
+from approvals.models import Approval
+from approvals.views_common import (
+    HISTORY_PERMISSION,
+    QUEUE_LIMIT,
+    _effect_for_user,
+    _run_for_user,
+    blocked_runs_filter,
+    effect_actions_for,
+    nav_counts,
+    needs_decision_runs,
+    queue_fingerprint,
+    run_actions_for,
+    verdict_reasons_for,
+    versions_with_diffs,
+)
+from runs.models import (
+    Agent,
+    Attempt,
+    AttemptStatus,
+    AuditEvent,
+    Call,
+    Effect,
+    EffectStatus,
+    EffectVersion,
+    Run,
+    RunStatus,
+)
+from runs.verdict import restart_verdict
+
+RUNS_PER_PAGE = 50
+HISTORY_PER_PAGE = 50
+
+
+def base_context(request: HttpRequest, **extra) -> dict:
+    return {"nav": nav_counts(), "user_can_decide": can_decide(request.user), **extra}
+
+
+# --- Queue --------------------------------------------------------------------
+
+
+def queue_context(request: HttpRequest, fingerprint: str) -> dict:
+    awaiting = list(
+        Effect.objects.filter(status=EffectStatus.AWAITING_APPROVAL)
+        .select_related("run", "agent")
+        .order_by("approval_expires_at", "created_at")[:QUEUE_LIMIT]
+    )
+    stopped = list(
+        needs_decision_runs()
+        .select_related("agent")
+        .annotate(attempt_count=Count("attempts"))
+        .order_by("-updated_at")[:QUEUE_LIMIT]
+    )
+    reasons = verdict_reasons_for(stopped)
+    for run in stopped:
+        run.reasons = reasons[run.pk]
+    unknown = list(
+        Effect.objects.filter(status=EffectStatus.UNKNOWN)
+        .select_related("run", "agent")
+        .order_by("-updated_at")[:QUEUE_LIMIT]
+    )
+    user = request.user
+    for effect in [*awaiting, *unknown]:
+        effect.actions = effect_actions_for(effect, user)
+    # Bulk decisions apply to several awaiting effects of one tool: group by tool.
+    tools = sorted({effect.tool for effect in awaiting})
+    return base_context(
+        request,
+        awaiting=awaiting,
+        stopped=stopped,
+        unknown=unknown,
+        tools=tools,
+        fingerprint=fingerprint,
+        queue_limit=QUEUE_LIMIT,
+    )
+
+
+@require_GET
+@login_required
+def queue(request: HttpRequest) -> HttpResponse:
+    """The home page: what waits for a person. htmx polls it with ``?fp=``.
+
+    A poll whose fingerprint is still current answers 204 (htmx swaps nothing), so
+    an idle console costs two aggregate queries per poll, not a render.
+    """
+    fingerprint = queue_fingerprint()
+    if request.htmx:
+        if request.GET.get("fp") == fingerprint:
+            return HttpResponse(status=204)
+        return render(request, "approvals/queue.html#queue", queue_context(request, fingerprint))
+    return render(request, "approvals/queue.html", queue_context(request, fingerprint))
+
+
+# --- Runs ---------------------------------------------------------------------
+
+
+@require_GET
+@login_required
+def runs(request: HttpRequest) -> HttpResponse:
+    """All runs: filter by status, agent, verdict; search by run key or title."""
+    status = request.GET.get("status", "")
+    agent = request.GET.get("agent", "")
+    verdict = request.GET.get("verdict", "")
+    search = request.GET.get("q", "").strip()
+    queryset = Run.objects.select_related("agent").annotate(
+        attempt_count=Count("attempts", distinct=True),
+        blocked=Q(blocked_runs_filter()),
+    )
+    if status in RunStatus.values:
+        queryset = queryset.filter(status=status)
+    if agent:
+        queryset = queryset.filter(agent__name=agent)
+    if verdict == "blocked":
+        queryset = queryset.filter(blocked_runs_filter())
+    elif verdict == "safe":
+        queryset = queryset.exclude(blocked_runs_filter())
+    if search:
+        queryset = queryset.filter(Q(run_key__icontains=search) | Q(title__icontains=search))
+    page = Paginator(queryset.order_by("-created_at"), RUNS_PER_PAGE).get_page(
+        request.GET.get("page")
+    )
+    query = request.GET.copy()
+    query.pop("page", None)
+    context = base_context(
+        request,
+        page=page,
+        filters={"status": status, "agent": agent, "verdict": verdict, "q": search},
+        statuses=RunStatus.values,
+        agents=Agent.objects.order_by("name").values_list("name", flat=True),
+        query=query.urlencode(),
+    )
+    return render(request, "approvals/runs.html", context)
+
+
+def run_context(request: HttpRequest, run: Run) -> dict:
+    """A run's attempts side by side, orphans, verdict, hand-off tries, audit trail."""
+    calls = list(
+        Call.objects.filter(run=run).select_related("effect").order_by("attempt_number", "seq")
+    )
+    attempts = list(Attempt.objects.filter(run=run).order_by("number"))
+    by_attempt: dict[int, list[Call]] = {a.number: [] for a in attempts}
+    for call in calls:
+        by_attempt.setdefault(call.attempt_number, []).append(call)
+    for attempt in attempts:
+        attempt.journal = by_attempt.get(attempt.number, [])
+    # Orphans: effects an earlier attempt started (or finished) that the latest
+    # attempt no longer asks for; the changed trajectory left them behind.
+    latest = attempts[-1].number if attempts else None
+    latest_effects = {c.effect_id for c in by_attempt.get(latest, []) if c.effect_id}
+    orphans: dict = {}
+    for call in calls:
+        effect = call.effect
+        if (
+            effect is not None
+            and call.attempt_number != latest
+            and effect.pk not in latest_effects
+            and (effect.first_claimed_at is not None or effect.status == EffectStatus.DONE)
+        ):
+            orphans.setdefault(effect.pk, (effect, call.attempt_number))
+    events = list(
+        AuditEvent.objects.filter(run=run).select_related("effect").order_by("-at", "-id")[:200]
+    )
+    return base_context(
+        request,
+        run=run,
+        attempts=attempts,
+        orphans=list(orphans.values()),
+        verdict=restart_verdict(run),
+        handoffs=[e for e in events if e.verb == "handoff_try"],
+        events=events,
+        can_act=run_actions_for(run, request.user),
+    )
+
+
+@require_GET
+@login_required
+def run_detail(request: HttpRequest, run_id) -> HttpResponse:
+    run = _run_for_user(request, run_id)
+    return render(request, "approvals/run.html", run_context(request, run))
+
+
+# --- Effect -------------------------------------------------------------------
+
+
+def effect_context(request: HttpRequest, effect: Effect, **extra) -> dict:
+    """An effect's content, versions with diffs, decisions, outcome, late reports, trail."""
+    versions = list(EffectVersion.objects.filter(effect=effect).order_by("number"))
+    approvals = list(Approval.objects.filter(effect=effect).select_related("user").order_by("at"))
+    events = list(AuditEvent.objects.filter(effect=effect).order_by("-at", "-id")[:200])
+    calls = list(Call.objects.filter(effect=effect).select_related("run").order_by("at")[:100])
+    decision = effect.decision or {}
+    return base_context(
+        request,
+        effect=effect,
+        versions=versions_with_diffs(versions),
+        approvals=approvals,
+        current_approvals=[a for a in approvals if a.args_hash == effect.args_hash],
+        events=events,
+        # A report that came after the effect was settled (by a person or the
+        # sweep) is the truth the operator must see first.
+        late_reports=[e for e in events if e.verb == "late_report"],
+        reconciled=decision if decision.get("verb") == "reconciled" else None,
+        calls=calls,
+        actions=effect_actions_for(effect, request.user),
+        **extra,
+    )
+
+
+@require_GET
+@login_required
+def effect_detail(request: HttpRequest, effect_id) -> HttpResponse:
+    effect = _effect_for_user(request, effect_id)
+    return render(request, "approvals/effect.html", effect_context(request, effect))
+
+
+# --- History (admins) ---------------------------------------------------------
+
+
+@require_GET
+@login_required
+@permission_required(HISTORY_PERMISSION, raise_exception=True)
+def history(request: HttpRequest) -> HttpResponse:
+    """Every attempt of every run (filterable) and the audit log, both paginated."""
+    status = request.GET.get("status", "")
+    started_by = request.GET.get("started_by", "").strip()
+    agent = request.GET.get("agent", "")
+    attempts = Attempt.objects.select_related("run", "run__agent").order_by("-started_at", "-id")
+    if status in AttemptStatus.values:
+        attempts = attempts.filter(status=status)
+    if started_by:
+        attempts = attempts.filter(started_by__icontains=started_by)
+    if agent:
+        attempts = attempts.filter(run__agent__name=agent)
+    attempt_page = Paginator(attempts, HISTORY_PER_PAGE).get_page(request.GET.get("page"))
+    audit = AuditEvent.objects.select_related("run", "effect").order_by("-at", "-id")
+    audit_page = Paginator(audit, HISTORY_PER_PAGE).get_page(request.GET.get("apage"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    query.pop("apage", None)
+    context = base_context(
+        request,
+        attempt_page=attempt_page,
+        audit_page=audit_page,
+        filters={"status": status, "started_by": started_by, "agent": agent},
+        statuses=AttemptStatus.values,
+        agents=Agent.objects.order_by("name").values_list("name", flat=True),
+        query=query.urlencode(),
+    )
+    return render(request, "approvals/history.html", context)

@@ -1,0 +1,248 @@
+"""What the console's pages and actions share: access helpers, queries, diffs, answers.
+
+Access rule (product.md, "Roles"): every signed-in, active user may read the queue,
+runs and effects; only operators (``approvals.decide``) may act; only admins
+(``approvals.view_history``) see the restart history and the audit log. An id
+nobody can see (it does not exist) answers 404, checked before the role (403).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from typing import Any
+
+from django.db.models import Count, Exists, Max, OuterRef, Q
+from django.http import Http404, HttpRequest
+from django.shortcuts import get_object_or_404
+from django.utils.http import url_has_allowed_host_and_scheme
+
+from approvals.decisions import can_decide
+from runs.models import (
+    Call,
+    Effect,
+    EffectStatus,
+    EffectVersion,
+    RestartPolicy,
+    Run,
+    RunStatus,
+)
+
+HISTORY_PERMISSION = "approvals.view_history"
+
+# The queue shows at most this many rows per section (nearest deadline first), so
+# its cost stays flat however long the backlog grows; the nav counts give the total.
+QUEUE_LIMIT = 100
+
+# Statuses from which each effect action is allowed (product.md's table). The
+# server's rule lives in approvals/decisions.py; this copy only decides which
+# buttons to show, so a stale button still gets an honest 409.
+EFFECT_ACTIONS = {
+    "approve": (EffectStatus.AWAITING_APPROVAL,),
+    "reject": (EffectStatus.AWAITING_APPROVAL, EffectStatus.APPROVED, EffectStatus.UNKNOWN),
+    "mark_done": (
+        EffectStatus.AWAITING_APPROVAL,
+        EffectStatus.APPROVED,
+        EffectStatus.FAILED,
+        EffectStatus.UNKNOWN,
+    ),
+    "release": (EffectStatus.UNKNOWN,),
+}
+RUN_ACTION_STATUSES = (RunStatus.INTERRUPTED, RunStatus.FAILED)
+
+
+# --- Access -------------------------------------------------------------------
+
+
+def _effect_for_user(request: HttpRequest, effect_id: Any) -> Effect:
+    """The effect with what its pages show, or 404 for an id the user may not see."""
+    queryset = Effect.objects.select_related("run", "agent", "claimed_run")
+    return get_object_or_404(queryset, pk=effect_id)
+
+
+def _run_for_user(request: HttpRequest, run_id: Any) -> Run:
+    queryset = Run.objects.select_related("agent", "override_by")
+    return get_object_or_404(queryset, pk=run_id)
+
+
+def _effect_exists(effect_id: Any) -> None:
+    if not Effect.objects.filter(pk=effect_id).exists():
+        raise Http404("No such effect.")
+
+
+def effect_actions_for(effect: Effect, user) -> dict[str, bool]:
+    """Which action forms to show for ``effect`` to ``user``."""
+    if not can_decide(user):
+        return {}
+    actions = {name: effect.status in allowed for name, allowed in EFFECT_ACTIONS.items()}
+    if actions["approve"]:
+        # One approval per operator per version (the two-person rule).
+        actions["approve"] = not any(
+            a.get("by") == user.get_username() for a in effect.current_approvals or []
+        )
+        actions["already_approved"] = not actions["approve"]
+    return actions
+
+
+def run_actions_for(run: Run, user) -> bool:
+    return can_decide(user) and run.status in RUN_ACTION_STATUSES
+
+
+# --- Redirects ----------------------------------------------------------------
+
+
+def safe_back_url(request: HttpRequest, fallback: str) -> str:
+    """The page the form came from (``next``, then Referer) when it is on this site."""
+    for candidate in (request.POST.get("next"), request.headers.get("referer")):
+        if candidate and url_has_allowed_host_and_scheme(
+            candidate, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+        ):
+            return candidate
+    return fallback
+
+
+# --- JSON and diffs -----------------------------------------------------------
+
+
+def pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def diff_lines(old: Any, new: Any) -> list[tuple[str, str]]:
+    """A unified diff of two JSON values, pretty-printed, as (kind, line) pairs.
+
+    kind is "add", "del", "hunk" or "same", so the template can colour each line.
+    """
+    lines = difflib.unified_diff(
+        pretty(old).splitlines(), pretty(new).splitlines(), lineterm="", n=3
+    )
+    out = []
+    for line in lines:
+        if line.startswith(("---", "+++")):
+            continue
+        if line.startswith("@@"):
+            out.append(("hunk", line))
+        elif line.startswith("+"):
+            out.append(("add", line))
+        elif line.startswith("-"):
+            out.append(("del", line))
+        else:
+            out.append(("same", line))
+    return out
+
+
+def versions_with_diffs(versions: list[EffectVersion]) -> list[dict]:
+    """Each version with its diff from the adopted version before it.
+
+    Drift (``adopted`` false) is compared with the adopted version it tried to
+    replace, so the diff shows what the replay would have changed.
+    """
+    rows = []
+    previous_adopted = None
+    for version in versions:
+        diff = diff_lines(previous_adopted.args, version.args) if previous_adopted else []
+        rows.append({"version": version, "diff": diff})
+        if version.adopted:
+            previous_adopted = version
+    return rows
+
+
+# --- Queue --------------------------------------------------------------------
+
+
+def queue_fingerprint() -> str:
+    """A short hash that changes whenever anything the queue shows may have changed.
+
+    Every change of an effect or a run moves its ``updated_at`` (lifecycle's
+    ``save_effect`` and ``set_run_status``), and new rows move the counts, so two
+    aggregate queries tell the poll whether a render is needed at all.
+    """
+    effects = Effect.objects.aggregate(n=Count("id"), last=Max("updated_at"))
+    runs = Run.objects.aggregate(n=Count("id"), last=Max("updated_at"))
+    raw = f"{effects['n']}|{effects['last']}|{runs['n']}|{runs['last']}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def nav_counts() -> dict[str, int]:
+    """The numbers in the navigation: what waits for a person (two queries)."""
+    effects = Effect.objects.aggregate(
+        awaiting=Count("id", filter=Q(status=EffectStatus.AWAITING_APPROVAL)),
+        unknown=Count("id", filter=Q(status=EffectStatus.UNKNOWN)),
+    )
+    stopped = needs_decision_runs().count()
+    return {
+        **effects,
+        "stopped": stopped,
+        "total": effects["awaiting"] + effects["unknown"] + stopped,
+    }
+
+
+def needs_decision_runs():
+    """Stopped runs with no operator's "allow restart" waiting: a person must decide."""
+    return Run.objects.filter(status__in=RUN_ACTION_STATUSES, restart_ready=False)
+
+
+def verdict_reasons_for(runs: list[Run]) -> dict[Any, dict]:
+    """The verdict's blocking reasons and unknown-outcome notes for many runs at once.
+
+    ``runs.verdict.restart_verdict`` answers for one run with up to three queries;
+    the queue shows many runs, so this applies the same rules to all of them in
+    three queries in total (same messages, same policies):
+
+    1. keyed: every unkeyed effect the run started blocks;
+    2. blunt: any recorded call blocks (shown as a count, not one line per call);
+    3. manual: always blocks; and, for every policy, effects whose outcome is
+       unknown are noted (the restarted run would be held at that call).
+    The run page shows the full verdict from ``restart_verdict``.
+    """
+    ids = [run.pk for run in runs]
+    reasons: dict[Any, dict] = {run.pk: {"blocking": [], "notes": []} for run in runs}
+    if not ids:
+        return reasons
+    for run in runs:
+        if run.restart_policy == RestartPolicy.MANUAL:
+            reasons[run.pk]["blocking"].append(
+                "The run's restart policy is manual: a person always decides."
+            )
+    keyed = [run.pk for run in runs if run.restart_policy == RestartPolicy.KEYED]
+    if keyed:
+        started_unkeyed = Effect.objects.filter(
+            run_id__in=keyed, key__isnull=True, first_claimed_at__isnull=False
+        ).order_by("created_at")
+        for effect in started_unkeyed.only("run_id", "tool"):
+            reasons[effect.run_id]["blocking"].append(
+                f"An unkeyed effect of {effect.tool} was started: "
+                "nothing could deduplicate it on replay."
+            )
+    blunt = [run.pk for run in runs if run.restart_policy == RestartPolicy.BLUNT]
+    if blunt:
+        counts = Call.objects.filter(run_id__in=blunt).values("run_id").annotate(n=Count("id"))
+        for row in counts:
+            reasons[row["run_id"]]["blocking"].append(
+                f"{row['n']} call(s) recorded: the blunt policy blocks any recorded call."
+            )
+    unknown = (
+        Effect.objects.filter(calls__run_id__in=ids, status=EffectStatus.UNKNOWN)
+        .values("calls__run_id", "tool", "key")
+        .distinct()
+    )
+    for row in unknown:
+        reasons[row["calls__run_id"]]["notes"].append(
+            f"{row['tool']} ({row['key'] or 'unkeyed'}) has an unknown outcome: "
+            "a restart would be held at this call until it is settled."
+        )
+    return reasons
+
+
+def blocked_runs_filter() -> Q:
+    """Runs whose verdict is not safe, as one SQL condition (the runs page's filter)."""
+    started_unkeyed = Effect.objects.filter(
+        run=OuterRef("pk"), key__isnull=True, first_claimed_at__isnull=False
+    )
+    any_call = Call.objects.filter(run=OuterRef("pk"))
+    return (
+        Q(restart_policy=RestartPolicy.MANUAL)
+        | (Q(restart_policy=RestartPolicy.KEYED) & Q(Exists(started_unkeyed)))
+        | (Q(restart_policy=RestartPolicy.BLUNT) & Q(Exists(any_call)))
+    )

@@ -1,0 +1,275 @@
+"""The console's pages: who may see them, and what they show."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from approvals.decisions import approve_effect
+from runs.errors import JournalError
+from runs.lifecycle import complete_effect, record_call, start_run
+from runs.models import AuditEvent, EffectStatus
+from runs.sweep import SweepReport, interrupt_stale_run
+from tests.console_helpers import awaiting_campaign, failed_unkeyed_run, later, unknown_effect
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize("path", ["/", "/runs/", "/history/"])
+def test_anonymous_users_are_sent_to_sign_in(client, path):
+    response = client.get(path)
+    assert response.status_code == 302
+    assert response["Location"].startswith("/accounts/login/?next=")
+
+
+def test_a_deactivated_account_is_sent_to_sign_in(client, outsider):
+    client.force_login(outsider)
+    assert client.get("/").status_code == 302
+
+
+def test_the_sign_in_page_renders_and_signs_in(client, operator):
+    assert client.get("/accounts/login/").status_code == 200
+    response = client.post("/accounts/login/", {"username": "olivia", "password": "pw-olivia"})
+    assert response.status_code == 302
+    assert client.get("/").status_code == 200
+
+
+def test_the_queue_shows_awaiting_effects_nearest_deadline_first(client, viewer, agent):
+    late = awaiting_campaign(agent, "later-one", approval_ttl=7200)
+    soon = awaiting_campaign(agent, "sooner-one", approval_ttl=600)
+    client.force_login(viewer)
+    response = client.get("/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert html.index(f"effect-{soon.pk}") < html.index(f"effect-{late.pk}")
+    assert "Send &#x27;Winter sale&#x27; for sooner-one" in html
+    assert "0 of 1" in html  # approvals so far of required
+
+
+def test_a_viewer_sees_the_queue_without_action_buttons(client, viewer, agent):
+    effect = awaiting_campaign(agent)
+    client.force_login(viewer)
+    html = client.get("/").content.decode()
+    assert f"effect-{effect.pk}" in html
+    assert reverse("console:approve", args=[effect.pk]) not in html
+    assert 'id="bulk"' not in html
+
+
+def test_an_operator_sees_approve_reject_and_bulk(client, operator, agent):
+    effect = awaiting_campaign(agent)
+    client.force_login(operator)
+    html = client.get("/").content.decode()
+    assert reverse("console:approve", args=[effect.pk]) in html
+    assert reverse("console:reject", args=[effect.pk]) in html
+    assert 'id="bulk"' in html
+    assert f'name="args_hash_{effect.pk}" value="{effect.args_hash}"' in html
+
+
+def test_the_queue_shows_stopped_runs_with_the_verdicts_reasons_and_unknown_effects(
+    client, viewer, agent
+):
+    run = failed_unkeyed_run(agent)
+    effect = unknown_effect(agent)
+    client.force_login(viewer)
+    html = client.get("/").content.decode()
+    assert f"run-{run.pk}" in html
+    assert "An unkeyed effect of issue_refund was started" in html
+    assert f"effect-{effect.pk}" in html
+    assert "has an unknown outcome" in html
+
+
+def test_the_queue_poll_answers_204_while_nothing_changed(client, viewer, agent):
+    awaiting_campaign(agent)
+    client.force_login(viewer)
+    first = client.get("/", headers={"HX-Request": "true"})
+    assert first.status_code == 200
+    fingerprint = first.content.decode().split("?fp=")[1].split('"')[0]
+    # Nothing changed: the poll skips the render.
+    assert client.get(f"/?fp={fingerprint}", headers={"HX-Request": "true"}).status_code == 204
+    awaiting_campaign(agent, "ticket-2")
+    changed = client.get(f"/?fp={fingerprint}", headers={"HX-Request": "true"})
+    assert changed.status_code == 200
+    assert "<html" not in changed.content.decode()  # the fragment, not the page
+    assert 'hx-swap-oob="true"' in changed.content.decode()  # nav count refreshed
+
+
+def test_the_queue_polls_faster_when_visible_than_when_hidden(client, viewer):
+    client.force_login(viewer)
+    html = client.get("/").content.decode()
+    assert "every 5s [!document.hidden" in html
+    assert "every 30s [document.hidden]" in html
+
+
+def test_the_nav_counts_what_waits_for_a_person(client, viewer, agent):
+    awaiting_campaign(agent)
+    unknown_effect(agent)
+    client.force_login(viewer)
+    html = client.get("/runs/").content.decode()
+    assert 'id="nav-count"' in html
+    # one awaiting, one unknown, one failed run needing a decision
+    assert ">3</span>" in html
+
+
+def test_the_runs_page_filters_and_searches(client, viewer, agent, other_agent):
+    awaiting_campaign(agent, "alpha-1")
+    failed_unkeyed_run(agent, "beta-2")
+    awaiting_campaign(other_agent, "gamma-3")
+    client.force_login(viewer)
+
+    def keys(query):
+        html = client.get("/runs/" + query).content.decode()
+        return {k for k in ("alpha-1", "beta-2", "gamma-3") if f"<code>{k}</code>" in html}
+
+    assert keys("") == {"alpha-1", "beta-2", "gamma-3"}
+    assert keys("?status=failed") == {"beta-2"}
+    assert keys("?agent=other-bot") == {"gamma-3"}
+    assert keys("?verdict=blocked") == {"beta-2"}
+    assert keys("?verdict=safe") == {"alpha-1", "gamma-3"}
+    assert keys("?q=alpha") == {"alpha-1"}
+    assert keys("?q=Refund") == {"beta-2"}  # by title
+
+
+def test_the_runs_page_paginates(client, viewer, agent):
+    for i in range(55):
+        start_run(agent, f"run-{i:03d}")
+    client.force_login(viewer)
+    html = client.get("/runs/").content.decode()
+    assert "Page 1 of 2" in html
+    assert "run-000" not in html
+    assert "run-000" in client.get("/runs/?page=2").content.decode()
+
+
+def test_the_run_page_shows_attempts_side_by_side_and_orphans(client, viewer, agent):
+    started = start_run(agent, "import-1", heartbeat_timeout=60)
+    run = started.run.pk
+    first = record_call(
+        agent, run, attempt=1, tool="export", kind="effect", args={"a": 1},
+        key="export:1", key_source="intent",
+    )  # fmt: skip
+    complete_effect(agent, first.effect.pk, run_id=run, attempt=1, outcome="done")
+    start_run(agent, "import-1", supersede=1)
+    record_call(
+        agent, run, attempt=2, tool="notify", kind="effect", args={"b": 2},
+        key="notify:1", key_source="intent",
+    )  # fmt: skip
+    AuditEvent.objects.create(
+        at=later(0), actor="system", actor_kind="system", verb="handoff_try", run=started.run,
+        attempt_number=2, note="HTTP 503", data={"status": 503},
+    )  # fmt: skip
+    client.force_login(viewer)
+    response = client.get(f"/runs/{run}/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "Attempt 1" in html and "Attempt 2" in html
+    assert "Orphans" in html and reverse("console:effect", args=[first.effect.pk]) in html
+    assert "Is it safe to start again?" in html
+    assert "Restart hand-offs" in html and "HTTP 503" in html
+
+
+def test_the_run_page_offers_actions_only_to_operators_of_a_stopped_run(
+    client, viewer, operator, agent
+):
+    run = failed_unkeyed_run(agent)
+    client.force_login(viewer)
+    assert (
+        reverse("console:abandon", args=[run.pk])
+        not in client.get(f"/runs/{run.pk}/").content.decode()
+    )
+    client.force_login(operator)
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    assert reverse("console:abandon", args=[run.pk]) in html
+    assert reverse("console:allow-restart", args=[run.pk]) in html
+
+
+def test_unknown_ids_answer_404(client, viewer):
+    client.force_login(viewer)
+    missing = "00000000-0000-0000-0000-000000000000"
+    assert client.get(f"/runs/{missing}/").status_code == 404
+    assert client.get(f"/effects/{missing}/").status_code == 404
+    assert client.get("/effects/not-a-uuid/").status_code == 404
+
+
+def test_the_effect_page_shows_versions_with_diffs_authors_and_approvals(
+    client, operator, second_operator, agent
+):
+    effect = awaiting_campaign(agent, approvals_required=2)
+    approve_effect(second_operator, effect.pk, args_hash=effect.args_hash, note="ok by me")
+    # The agent revises the subject before anyone else decides: a new version.
+    record_call(
+        agent, effect.run_id, attempt=1, tool="send_campaign", kind="effect",
+        args={"campaign_id": "ticket-1", "subject": "Winter SALE", "segment": "EU"},
+        key="campaign:ticket-1", key_source="intent", needs_approval=True, approvals_required=2,
+    )  # fmt: skip
+    client.force_login(operator)
+    html = client.get(f"/effects/{effect.pk}/").content.decode()
+    assert "v1" in html and "v2" in html
+    assert "by agent:support-bot" in html
+    assert '<span class="d-del">-  &quot;subject&quot;: &quot;Winter sale&quot;' in html
+    assert '<span class="d-add">+  &quot;subject&quot;: &quot;Winter SALE&quot;' in html
+    assert "oscar approved" in html and "no longer counts" in html
+    assert reverse("console:approve", args=[effect.pk]) in html
+
+
+def test_the_effect_page_shows_late_reports_prominently(client, viewer, agent, operator):
+    effect = unknown_effect(agent)
+    from approvals.decisions import mark_effect_done
+
+    mark_effect_done(operator, effect.pk, args_hash=effect.args_hash, note="it went out")
+    with pytest.raises(JournalError):
+        complete_effect(
+            agent, effect.pk, run_id=effect.run_id, attempt=1, outcome="failed",
+            error="SMTP 550",
+        )  # fmt: skip
+    client.force_login(viewer)
+    html = client.get(f"/effects/{effect.pk}/").content.decode()
+    assert "Late reports" in html
+    assert html.index("Late reports") < html.index("Arguments")
+    assert "SMTP 550" in html
+
+
+def test_the_effect_page_shows_reconcile_evidence(client, viewer, agent):
+    started = start_run(agent, "rec-1", heartbeat_timeout=60)
+    recorded = record_call(
+        agent, started.run.pk, attempt=1, tool="reply_email", kind="effect", args={"x": 1},
+        key="outlook:message:rec", key_source="provider",
+    )  # fmt: skip
+    interrupt_stale_run(started.run.pk, later(3600), SweepReport())
+    recorded.effect.refresh_from_db()
+    assert recorded.effect.status == EffectStatus.UNKNOWN
+    from runs.lifecycle import reconcile_effect
+
+    start_run(agent, "rec-1")
+    reconcile_effect(
+        agent, recorded.effect.pk, run_id=started.run.pk, attempt=2, outcome="done",
+        evidence="Found message id <abc@x> in Sent Items",
+    )  # fmt: skip
+    client.force_login(viewer)
+    html = client.get(f"/effects/{recorded.effect.pk}/").content.decode()
+    assert "Reconciled by agent:support-bot" in html
+    assert "Found message id &lt;abc@x&gt; in Sent Items" in html
+
+
+def test_the_history_is_for_admins_only(client, viewer, operator, admin_user, agent):
+    awaiting_campaign(agent)
+    client.force_login(viewer)
+    assert client.get("/history/").status_code == 403
+    client.force_login(operator)
+    assert client.get("/history/").status_code == 403
+    client.force_login(admin_user)
+    response = client.get("/history/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "ticket-1" in html and "first start" in html
+    assert "recorded" in html  # the audit log
+
+
+def test_the_history_filters_attempts(client, admin_user, agent):
+    started = start_run(agent, "h-1")
+    start_run(agent, "h-1", supersede=1)
+    start_run(agent, "h-2")
+    client.force_login(admin_user)
+    html = client.get("/history/?status=superseded").content.decode()
+    assert html.count('data-status="superseded"') == 1
+    html = client.get("/history/?agent=nobody").content.decode()
+    assert "No attempt matches." in html
+    assert started.run.run_key in client.get("/history/?started_by=agent").content.decode()
