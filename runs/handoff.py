@@ -131,6 +131,7 @@ def deliver_restart_handoff(run_id, attempt: int, now: datetime | None = None) -
     4. POST; record the answer as an audit event; settle the row: ``delivered``,
        back to ``pending`` with back-off, or ``given_up`` past the cap.
     """
+    real_clock = now is None
     now = now or timezone.now()
     handoff = RestartHandoff.objects.filter(run_id=run_id, attempt=attempt).first()
     if handoff is None or handoff.status not in ACTIVE_OUTBOX_STATUSES:
@@ -165,7 +166,8 @@ def deliver_restart_handoff(run_id, attempt: int, now: datetime | None = None) -
 
     answer = post_handoff(run, attempt, try_number)
     delivered = answer.get("delivered", False)
-    done_at = timezone.now()
+    # The POST took time; a caller that moved the clock keeps its own.
+    done_at = timezone.now() if real_clock else now
     max_tries = settings.STARTSAFE["RESTART_HANDOFF_MAX_TRIES"]
     if delivered:
         status, due_at = OutboxStatus.SENT, done_at

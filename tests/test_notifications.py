@@ -1,0 +1,187 @@
+"""Operators' notifications: written as outbox rows, sent as one batched message."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.core import mail
+
+from approvals.models import Notification, TaskState
+from approvals.notifications import (
+    collect_notifications,
+    notify,
+    operator_emails,
+    send_pending_notifications,
+)
+from runs.lifecycle import record_call, start_run
+from runs.models import Effect
+from runs.sweep import sweep
+from tests.runtime_server import RuntimeServer
+
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+
+
+def later(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+@pytest.fixture(autouse=True)
+def _no_broker(monkeypatch):
+    monkeypatch.setattr("runs.handoff.enqueue_handoff", lambda *a, **kw: None)
+
+
+def _awaiting(agent, run, n: int, ttl: int = 86_400) -> Effect:
+    return record_call(
+        agent,
+        run.pk,
+        attempt=1,
+        tool="refund",
+        kind="effect",
+        args={"order": n},
+        key=f"refund:{n}",
+        key_source="intent",
+        needs_approval=True,
+        approval_ttl=ttl,
+        preview=f"Refund order {n}",
+        now=T0,
+    ).effect
+
+
+@pytest.mark.django_db
+def test_a_burst_of_500_awaiting_effects_is_one_email(agent, operator, second_operator):
+    run = start_run(agent, "bulk-refunds", heartbeat_timeout=3600, now=T0).run
+    for n in range(500):
+        _awaiting(agent, run, n)
+
+    report = notify(now=later(5))
+
+    # One message, to every operator, counting all 500.
+    assert report.emails == 1 and report.sent == 500
+    (message,) = mail.outbox
+    assert sorted(message.to) == ["olivia@example.com", "oscar@example.com"]
+    assert "500 awaiting approval" in message.subject
+    assert "... and 450 more" in message.body
+    assert Notification.objects.filter(status="sent").count() == 500
+    # Sending again sends nothing: every row is done.
+    assert notify(now=later(10)).emails == 0
+    assert len(mail.outbox) == 1
+
+
+@pytest.mark.django_db
+def test_collecting_twice_writes_each_piece_of_news_once(agent, operator):
+    run = start_run(agent, "job", heartbeat_timeout=3600, now=T0).run
+    _awaiting(agent, run, 1)
+
+    collect_notifications(now=later(1))
+    collect_notifications(now=later(2))
+
+    assert Notification.objects.filter(kind="awaiting_approval").count() == 1
+
+
+@pytest.mark.django_db
+def test_an_effect_decided_before_the_batch_goes_out_is_not_news(agent, operator):
+    run = start_run(agent, "job", heartbeat_timeout=3600, now=T0).run
+    effect = _awaiting(agent, run, 1)
+    collect_notifications(now=later(1))
+    Effect.objects.filter(pk=effect.pk).update(status="approved")
+
+    report = send_pending_notifications(now=later(2))
+
+    assert report.skipped == 1 and report.emails == 0
+    assert mail.outbox == []
+
+
+@pytest.mark.django_db
+def test_an_approval_near_its_deadline_is_announced_once(agent, operator, settings):
+    settings.STARTSAFE = {**settings.STARTSAFE, "NOTIFY_DEADLINE_WARNING": 600}
+    run = start_run(agent, "job", heartbeat_timeout=7200, now=T0).run
+    effect = _awaiting(agent, run, 1, ttl=3600)
+    notify(now=later(1))
+    mail.outbox.clear()
+
+    collect_notifications(now=later(2000))  # 1600 s left: not yet
+    assert not Notification.objects.filter(kind="deadline_near").exists()
+
+    notify(now=later(3100))  # 500 s left
+    notify(now=later(3200))
+
+    (message,) = mail.outbox
+    assert "1 near their deadline" in message.subject
+    assert str(effect.pk) in message.body
+
+
+@pytest.mark.django_db
+def test_a_run_that_needs_a_person_is_announced(agent, operator):
+    start_run(agent, "job", heartbeat_timeout=5, restart_policy="manual", now=T0)
+    sweep(now=later(6))
+
+    notify(now=later(7))
+
+    (message,) = mail.outbox
+    assert "1 run(s) need a person" in message.subject
+    assert "job" in message.body
+
+
+@pytest.mark.django_db
+def test_configured_addresses_replace_the_operators_group(operator, settings):
+    settings.STARTSAFE = {**settings.STARTSAFE, "NOTIFY_EMAILS": ["oncall@example.com"]}
+    assert operator_emails() == ["oncall@example.com"]
+
+
+@pytest.mark.django_db
+def test_operators_without_an_address_and_non_operators_get_no_mail(operator, viewer):
+    operator.email = ""
+    operator.save()
+    assert operator_emails() == []
+
+
+@pytest.mark.django_db
+def test_the_webhook_gets_one_json_post_per_batch(agent, operator, settings):
+    with RuntimeServer() as hook:
+        settings.STARTSAFE = {**settings.STARTSAFE, "NOTIFY_WEBHOOK_URL": hook.url}
+        run = start_run(agent, "job", heartbeat_timeout=3600, now=T0).run
+        for n in range(3):
+            _awaiting(agent, run, n)
+
+        report = notify(now=later(5))
+
+    assert report.webhooks == 1
+    (post,) = hook.deliveries
+    assert post["body"]["counts"]["awaiting_approval"] == 3
+    assert post["body"]["text"].startswith("startsafe: 3 awaiting approval")
+
+
+@pytest.mark.django_db
+def test_a_failing_webhook_is_retried_without_resending_the_email(agent, operator, settings):
+    answers = iter([500, 200])
+    with RuntimeServer(lambda d: next(answers)) as hook:
+        settings.STARTSAFE = {**settings.STARTSAFE, "NOTIFY_WEBHOOK_URL": hook.url}
+        run = start_run(agent, "job", heartbeat_timeout=3600, now=T0).run
+        _awaiting(agent, run, 1)
+
+        first = notify(now=later(5))
+        row = Notification.objects.get()
+        assert (row.status, row.tries) == ("pending", 1)
+        assert "HTTP 500" in row.last_error
+        second = notify(now=later(60))
+
+    assert (first.webhook_failures, second.webhooks) == (1, 1)
+    assert len(mail.outbox) == 1  # the e-mail went out once
+    assert Notification.objects.get().status == "sent"
+    # The metrics count the failure.
+    assert TaskState.objects.get(name="notify").counters["webhook_failures"] == 1
+
+
+@pytest.mark.django_db
+def test_rows_claimed_by_a_sender_are_not_sent_twice_until_its_lease_passes(agent, operator):
+    run = start_run(agent, "job", heartbeat_timeout=3600, now=T0).run
+    _awaiting(agent, run, 1)
+    collect_notifications(now=later(1))
+    from approvals.notifications import claim_pending
+
+    claimed = claim_pending(later(2))  # a sender that then died
+    assert len(claimed) == 1
+
+    assert send_pending_notifications(now=later(3)).claimed == 0
+    assert send_pending_notifications(now=later(3 + 200)).emails == 1
