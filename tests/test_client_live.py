@@ -1,0 +1,366 @@
+"""The client against the real API on a live server (PostgreSQL): the run context, each
+action, and a network error between the server's answer and the client.
+
+Decisions a person takes are made through ``approvals.decisions`` from the client's
+``sleep`` hook, so the poll sees them without threads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+import startsafe_client as ss
+from approvals.decisions import approve_effect, mark_effect_done, reject_effect
+from runs.models import Attempt, Call, Effect, Run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def make_client(live_server, agent, *, transport=None, on_sleep=None, **options) -> ss.Client:
+    def sleep(seconds: float) -> None:
+        if on_sleep is not None:
+            on_sleep()
+        time.sleep(min(seconds, 0.05))
+
+    options.setdefault("poll_interval", 0.05)
+    options.setdefault("approval_timeout", 10)
+    return ss.Client(
+        live_server.url, agent.token, transport=transport, sleep=sleep, backoff=0.01, **options
+    )
+
+
+def declare(client: ss.Client, ran: list, **options) -> ss.Tool:
+    @client.tool(
+        kind="effect",
+        key=lambda a: ss.provider_key("outlook", "message", a["mid"]),
+        preview=lambda a: f"Reply {a['subject']!r}",
+        **options,
+    )
+    def send_reply(mid: str, subject: str) -> dict:
+        ran.append(subject)
+        return {"sent": subject}
+
+    return send_reply
+
+
+def effect_now(key: str) -> Effect:
+    return Effect.objects.get(key=key)
+
+
+class LoseAnswers(httpx.BaseTransport):
+    """The real transport, except that the first answer to a matching request is lost
+    after the server handled it (a reset connection): the client sees a network error."""
+
+    def __init__(self, matches: Callable[[httpx.Request], bool], times: int = 1) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.matches = matches
+        self.times = times
+        self.lost: list[str | None] = []
+        self.sent: list[httpx.Request] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(request)
+        response = self.inner.handle_request(request)
+        if self.matches(request) and len(self.lost) < self.times:
+            response.read()
+            response.close()
+            self.lost.append(request.headers.get("Idempotency-Key"))
+            raise httpx.ReadError("connection reset after the server answered", request=request)
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_run_records_a_read_and_an_effect_then_completes(live_server, agent):
+    client, ran = make_client(live_server, agent), []
+    send_reply = declare(client, ran)
+
+    @client.tool(kind="read")
+    def lookup_customer(email: str) -> dict:
+        return {"email": email, "name": "Ana"}
+
+    with client.run("ticket-1", title="Ticket 1", input={"n": 1}) as run:
+        assert run.attempt == 1 and run.verdict["safe"] is True
+        assert run.call(lookup_customer, email="ana@x")["name"] == "Ana"
+        assert run.call(send_reply, mid="m-1", subject="Hello") == {"sent": "Hello"}
+
+    assert ran == ["Hello"]
+    db_run = Run.objects.get(pk=run.id)
+    assert db_run.status == "completed"
+    effect = effect_now("outlook:message:m-1")
+    assert (effect.status, effect.result, effect.key_source) == (
+        "done",
+        {"sent": "Hello"},
+        "provider",
+    )
+    assert [c.kind for c in Call.objects.filter(run=db_run).order_by("seq")] == ["read", "effect"]
+
+
+def test_a_replay_with_rewritten_args_is_skipped_with_the_recorded_result(live_server, agent):
+    client, ran = make_client(live_server, agent), []
+    send_reply = declare(client, ran)
+    with client.run("ticket-2") as run:
+        run.call(send_reply, mid="m-2", subject="First wording")
+
+    # Another run woken by the same inbound message: the model rewrote the subject.
+    with client.run("ticket-2-redelivered") as run:
+        assert run.call(send_reply, mid="m-2", subject="Second wording") == {
+            "sent": "First wording"
+        }
+        assert run.journal[-1]["action"] == "skip"
+
+    assert ran == ["First wording"]
+    assert effect_now("outlook:message:m-2").args == {"mid": "m-2", "subject": "First wording"}
+
+
+def test_an_exception_in_the_block_finishes_the_attempt_failed(live_server, agent):
+    client = make_client(live_server, agent)
+
+    with pytest.raises(RuntimeError, match="model crashed"), client.run("ticket-3") as run:
+        raise RuntimeError("model crashed")
+
+    attempt = Attempt.objects.get(run_id=run.id, number=1)
+    assert attempt.status == "failed"
+    assert "model crashed" in attempt.error
+    assert Run.objects.get(pk=run.id).status == "failed"
+
+
+def test_a_wait_polls_until_approved_then_claims_and_executes_the_approved_args(
+    live_server, agent, operator
+):
+    sleeps = {"n": 0}
+    statuses: list[int] = []
+
+    class Recording(httpx.HTTPTransport):
+        def handle_request(self, request):
+            response = super().handle_request(request)
+            if request.method == "GET":
+                statuses.append(response.status_code)
+            return response
+
+    def decide_on_third_sleep() -> None:
+        sleeps["n"] += 1
+        if sleeps["n"] == 3:
+            effect = effect_now("outlook:message:m-4")
+            # The operator fixes the subject line before approving it.
+            approve_effect(
+                operator,
+                effect.id,
+                args_hash=effect.args_hash,
+                note="ok with a better subject",
+                edited_args={"mid": "m-4", "subject": "Edited by olivia"},
+            )
+
+    client, ran = make_client(
+        live_server, agent, transport=Recording(), on_sleep=decide_on_third_sleep
+    )
+    send_reply = declare(client, ran, needs_approval=True)
+
+    with client.run("ticket-4") as run:
+        assert run.call(send_reply, mid="m-4", subject="Model wording") == {
+            "sent": "Edited by olivia"
+        }
+
+    assert ran == ["Edited by olivia"]  # effect.args from the answer, not the model's
+    assert 304 in statuses  # the unchanged polls were answered from the ETag
+    assert effect_now("outlook:message:m-4").status == "done"
+
+
+def test_a_wait_with_nobody_deciding_raises_approval_timeout(live_server, agent):
+    client, ran = make_client(live_server, agent, approval_timeout=0.3)
+    send_reply = declare(client, ran, needs_approval=True)
+
+    with pytest.raises(ss.ApprovalTimeout) as raised, client.run("ticket-5") as run:
+        run.call(send_reply, mid="m-5", subject="Hi")
+
+    assert raised.value.effect["status"] == "awaiting_approval"
+    assert ran == []
+    assert Run.objects.get(pk=run.id).status == "failed"
+
+
+def test_a_rejection_raises_effect_blocked_with_the_note(live_server, agent, operator):
+    def reject() -> None:
+        effect = effect_now("outlook:message:m-6")
+        if effect.status == "awaiting_approval":
+            reject_effect(
+                operator, effect.id, args_hash=effect.args_hash, note="Do not promise refunds"
+            )
+
+    client, ran = make_client(live_server, agent, on_sleep=reject)
+    send_reply = declare(client, ran, needs_approval=True)
+
+    with client.run("ticket-6") as run:
+        with pytest.raises(ss.EffectBlocked) as raised:
+            run.call(send_reply, mid="m-6", subject="We refund everything")
+        assert raised.value.note == "Do not promise refunds"
+
+    assert ran == []
+
+
+def _leave_in_flight(client: ss.Client, run_key: str, key: str, args: dict) -> str:
+    """Attempt 1 records and claims the effect, then 'dies' without reporting it."""
+    client.post("/runs", {"run_key": run_key, "heartbeat_timeout": 60})
+    answer = client.post(
+        f"/runs/{Run.objects.get(run_key=run_key).pk}/calls",
+        {
+            "attempt": 1,
+            "tool": "send_reply",
+            "kind": "effect",
+            "args": args,
+            "key": key,
+            "key_source": "provider",
+        },
+    )
+    assert answer["action"] == "execute"
+    return answer["effect"]["id"]
+
+
+def test_review_is_settled_by_the_reconcile_lookup(live_server, agent):
+    client, ran, looked = make_client(live_server, agent), [], []
+    _leave_in_flight(client, "ticket-7", "outlook:message:m-7", {"mid": "m-7", "subject": "A"})
+
+    def found_in_sent_items(args, key):
+        looked.append(key)
+        return ss.Reconciliation.done("sent items: reply to m-7 found", {"sent": "A"})
+
+    send_reply = declare(client, ran, reconcile=found_in_sent_items)
+    with client.run("ticket-7", supersede=True) as run:
+        assert run.attempt == 2
+        assert run.call(send_reply, mid="m-7", subject="B") == {"sent": "A"}
+
+    assert ran == [] and looked == ["outlook:message:m-7"]
+    effect = effect_now("outlook:message:m-7")
+    assert effect.status == "done"
+    assert effect.decision["verb"] == "reconciled"
+
+
+def test_review_released_by_the_lookup_executes_once(live_server, agent):
+    client, ran = make_client(live_server, agent), []
+    _leave_in_flight(client, "ticket-8", "outlook:message:m-8", {"mid": "m-8", "subject": "A"})
+    send_reply = declare(
+        client, ran, reconcile=lambda a, k: ss.Reconciliation.not_done("mailbox: no reply")
+    )
+
+    with client.run("ticket-8", supersede=True) as run:
+        run.call(send_reply, mid="m-8", subject="B")
+
+    assert ran == ["A"]  # the recorded args: the effect was frozen when claimed
+    assert effect_now("outlook:message:m-8").status == "done"
+
+
+def test_review_without_a_lookup_is_outcome_unknown_until_a_person_decides(
+    live_server, agent, operator
+):
+    client, ran = make_client(live_server, agent), []
+    effect_id = _leave_in_flight(
+        client, "ticket-9", "outlook:message:m-9", {"mid": "m-9", "subject": "A"}
+    )
+    send_reply = declare(client, ran)
+
+    with pytest.raises(ss.OutcomeUnknown) as raised, client.run("ticket-9", supersede=True) as run:
+        run.call(send_reply, mid="m-9", subject="B")
+    assert raised.value.effect_id == effect_id
+
+    effect = effect_now("outlook:message:m-9")
+    mark_effect_done(operator, effect.id, args_hash=effect.args_hash, note="I see it in Outlook")
+    with client.run("ticket-9") as run:  # the run failed: this starts attempt 3
+        assert run.attempt == 3
+        run.call(send_reply, mid="m-9", subject="C")
+        assert run.journal[-1]["action"] == "skip"
+    assert ran == []
+
+
+def test_a_live_attempt_is_superseded_only_when_told(live_server, agent):
+    client = make_client(live_server, agent)
+    client.post("/runs", {"run_key": "ticket-10"})
+
+    with pytest.raises(ss.AlreadyRunning) as raised, client.run("ticket-10"):
+        pass
+    assert raised.value.attempt == 1
+    with pytest.raises(ss.AlreadyRunning), client.run("ticket-10", supersede="stale"):
+        pass  # its heartbeat is fresh
+
+    with client.run("ticket-10", supersede=True) as run:
+        assert run.attempt == 2
+    assert Attempt.objects.get(run_id=run.id, number=1).status == "superseded"
+
+
+def test_a_superseded_attempt_is_stopped_by_its_heartbeat(live_server, agent):
+    client, ran = make_client(live_server, agent), []
+    send_reply = declare(client, ran)
+
+    with pytest.raises(ss.AttemptSuperseded), client.run("ticket-11", heartbeat_timeout=5) as run:
+        # Another process takes over (it judged this attempt dead).
+        client.post("/runs", {"run_key": "ticket-11", "supersede": 1})
+        deadline = time.monotonic() + 10
+        while run.stopped is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert isinstance(run.stopped, ss.AttemptSuperseded)
+        run.call(send_reply, mid="m-11", subject="too late")
+
+    assert ran == []
+    assert not Call.objects.filter(run_id=run.id, attempt__number=1).exists()
+    assert Run.objects.get(pk=run.id).current_attempt == 2
+
+
+def test_an_unkeyed_effect_in_flight_blocks_the_restart(live_server, agent):
+    client = make_client(live_server, agent)
+    client.post("/runs", {"run_key": "ticket-12"})
+    run_id = str(Run.objects.get(run_key="ticket-12").pk)
+    client.post(
+        f"/runs/{run_id}/calls",
+        {"attempt": 1, "tool": "charge_card", "kind": "effect", "args": {"amount": 5}},
+    )
+
+    with pytest.raises(ss.RestartBlocked) as raised, client.run("ticket-12", supersede=True):
+        pass
+
+    assert raised.value.verdict["safe"] is False
+    assert raised.value.verdict["blocking"][0]["reason"] == "unkeyed_effect"
+
+
+def test_a_lost_answer_to_a_call_is_retried_without_recording_it_twice(live_server, agent):
+    lose = LoseAnswers(lambda r: r.method == "POST" and r.url.path.endswith("/calls"))
+    client, ran = make_client(live_server, agent, transport=lose), []
+    send_reply = declare(client, ran)
+
+    with client.run("ticket-13") as run:
+        assert run.call(send_reply, mid="m-13", subject="Once") == {"sent": "Once"}
+
+    # The server handled the first try; the retry repeated its Idempotency-Key and
+    # got the first answer again: one call, one execute, one effect.
+    assert len(lose.lost) == 1
+    call_keys = [r.headers["Idempotency-Key"] for r in lose.sent if r.url.path.endswith("/calls")]
+    assert call_keys == [lose.lost[0], lose.lost[0]]
+    assert Call.objects.filter(run_id=run.id).count() == 1
+    assert ran == ["Once"]
+    assert effect_now("outlook:message:m-13").status == "done"
+
+
+def test_a_lost_answer_to_a_start_does_not_start_two_attempts(live_server, agent):
+    lose = LoseAnswers(lambda r: r.method == "POST" and r.url.path.endswith("/api/v1/runs"))
+    client = make_client(live_server, agent, transport=lose)
+
+    with client.run("ticket-14") as run:
+        assert run.attempt == 1
+
+    assert len(lose.lost) == 1
+    assert Attempt.objects.filter(run_id=run.id).count() == 1
+    assert Run.objects.get(pk=run.id).status == "completed"
+
+
+def test_a_lost_answer_to_a_completion_keeps_the_first_result(live_server, agent):
+    lose = LoseAnswers(lambda r: r.method == "POST" and r.url.path.endswith("/complete"))
+    client, ran = make_client(live_server, agent, transport=lose), []
+    send_reply = declare(client, ran)
+
+    with client.run("ticket-15") as run:
+        assert run.call(send_reply, mid="m-15", subject="Once") == {"sent": "Once"}
+
+    assert len(lose.lost) == 1 and ran == ["Once"]
+    assert effect_now("outlook:message:m-15").result == {"sent": "Once"}
