@@ -17,7 +17,7 @@ import startsafe_client as ss
 from approvals.decisions import approve_effect, mark_effect_done, reject_effect
 from runs.models import Attempt, Call, Effect, Run
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
 
 def make_client(live_server, agent, *, transport=None, on_sleep=None, **options) -> ss.Client:
@@ -156,9 +156,8 @@ def test_a_wait_polls_until_approved_then_claims_and_executes_the_approved_args(
                 edited_args={"mid": "m-4", "subject": "Edited by olivia"},
             )
 
-    client, ran = make_client(
-        live_server, agent, transport=Recording(), on_sleep=decide_on_third_sleep
-    )
+    ran: list = []
+    client = make_client(live_server, agent, transport=Recording(), on_sleep=decide_on_third_sleep)
     send_reply = declare(client, ran, needs_approval=True)
 
     with client.run("ticket-4") as run:
@@ -172,7 +171,7 @@ def test_a_wait_polls_until_approved_then_claims_and_executes_the_approved_args(
 
 
 def test_a_wait_with_nobody_deciding_raises_approval_timeout(live_server, agent):
-    client, ran = make_client(live_server, agent, approval_timeout=0.3)
+    client, ran = make_client(live_server, agent, approval_timeout=0.3), []
     send_reply = declare(client, ran, needs_approval=True)
 
     with pytest.raises(ss.ApprovalTimeout) as raised, client.run("ticket-5") as run:
@@ -191,7 +190,7 @@ def test_a_rejection_raises_effect_blocked_with_the_note(live_server, agent, ope
                 operator, effect.id, args_hash=effect.args_hash, note="Do not promise refunds"
             )
 
-    client, ran = make_client(live_server, agent, on_sleep=reject)
+    client, ran = make_client(live_server, agent, on_sleep=reject), []
     send_reply = declare(client, ran, needs_approval=True)
 
     with client.run("ticket-6") as run:
