@@ -111,15 +111,27 @@ def test_the_example_survives_a_crash_after_each_effect_without_duplicates(
     code, output = _drive([*command, "--crash-after", str(crash_after)], operator)
     assert code == CRASHED, output
     assert len(ledger.entries(ledger_path)) == crash_after  # it did them, then died
+    crashed_kind = ledger.entries(ledger_path)[-1]["kind"]
 
-    outputs = [output]
+    outputs, codes = [output], []
     for _ in range(3):  # run again until answered, deciding between runs as a person
         code, output = _drive(command, operator)
         outputs.append(output)
+        codes.append(code)
         if code != NEEDS_PERSON:
             break
         _settle_unknowns(operator, ledger_path)
     assert code == 0, "\n---\n".join(outputs)
+
+    # The effect caught between doing and reporting: the reply and the import settle
+    # themselves through their lookup; the campaign has none, so a person decided.
+    crashed = Effect.objects.get(tool=[t for t, k in LEDGER_KIND.items() if k == crashed_kind][0])
+    if crashed_kind == "campaign":
+        assert codes[0] == NEEDS_PERSON and "outcome_unknown" in outputs[1]
+        assert crashed.decision["verb"] == "marked_done"
+    else:
+        assert codes == [0]
+        assert crashed.decision["verb"] == "reconciled"
 
     # The answer: each effect exactly once in the ledger.
     counts = ledger.counts(ledger_path)
