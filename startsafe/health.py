@@ -162,3 +162,13 @@ def metrics(request):
     registry = CollectorRegistry()
     registry.register(StartsafeCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+
+def sweep_is_recent(max_age: float) -> bool:
+    """For beat's container health check: a sweep ran in the last ``max_age`` seconds."""
+    from approvals.models import TaskState
+
+    state = TaskState.objects.filter(name="sweep").first()
+    if state is None or state.last_started_at is None:
+        return False
+    return (timezone.now() - state.last_started_at).total_seconds() < max_age
