@@ -64,8 +64,10 @@ def schedule_restart_handoff(run: Run, now: datetime | None = None) -> RestartHa
         attempt=attempt,
         defaults={"due_at": now, "created_at": now, "updated_at": now},
     )
-    if not created and handoff.status in (OutboxStatus.OBSOLETE, OutboxStatus.GIVEN_UP):
-        # An operator's "allow restart" after the hand-off was given up: try again.
+    if not created and handoff.status not in ACTIVE_OUTBOX_STATUSES:
+        # Only an operator's "allow restart" finds a row already there (the sweep
+        # hands back each attempt once): their decision is worth another delivery,
+        # under the same Idempotency-Key.
         RestartHandoff.objects.filter(pk=handoff.pk, status=handoff.status).update(
             status=OutboxStatus.PENDING, due_at=now, updated_at=now
         )
