@@ -1,7 +1,539 @@
-"""The agent API v1 (api.md)."""
+"""The agent API v1 (api.md): django-ninja over the journal's rules in ``runs/lifecycle.py``.
+
+One auth class sets the agent; one place turns every failure into the contract's
+error body (``_error_handlers``); the endpoints are thin: validate (schemas), call a
+rule, serialise. Size limits and ``Idempotency-Key`` live in ``runs/idempotency.py``.
+"""
 
 from __future__ import annotations
 
-from ninja import NinjaAPI
+import json
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+from uuid import UUID
 
-api = NinjaAPI(title="startsafe agent API", version="1", urls_namespace="api")
+from django.core.exceptions import RequestDataTooBig
+from django.db import DataError
+from django.http import Http404, HttpRequest, HttpResponse
+from django.utils import timezone
+from ninja import Field, NinjaAPI, Query, Schema, Status
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.parser import Parser
+from ninja.security import HttpBearer
+
+from runs import lifecycle
+from runs.api_auth import agent_for_request, error_response
+from runs.api_schemas import (
+    AttemptIn,
+    CallIn,
+    ClaimIn,
+    CompleteIn,
+    EffectActionOut,
+    EffectOnlyOut,
+    EffectPage,
+    ErrorOut,
+    FinishIn,
+    PayloadTooLarge,
+    ReconcileIn,
+    RecordOut,
+    RunDetailOut,
+    RunOnlyOut,
+    RunPage,
+    StartIn,
+    StartOut,
+)
+from runs.errors import JournalError
+from runs.models import Attempt, Effect, Run
+from runs.serialize import attempt_dict, call_dict, effect_dict, journal_of, run_dict
+from runs.verdict import restart_verdict
+
+logger = logging.getLogger("startsafe.api")
+
+
+class StrictJsonParser(Parser):
+    """UTF-8 JSON only, without NaN or Infinity (RFC 8785 cannot represent them)."""
+
+    def parse_body(self, request: HttpRequest):
+        text = request.body.decode("utf-8")  # invalid UTF-8 raises: a 400
+
+        def refuse_constant(name: str):
+            raise ValueError(f"{name} is not valid JSON")
+
+        return json.loads(text, parse_constant=refuse_constant)
+
+
+class AgentToken(HttpBearer):
+    """``Authorization: Bearer <token>``; the token's hash finds the agent (one query)."""
+
+    def __call__(self, request: HttpRequest):
+        return agent_for_request(request)
+
+    def authenticate(self, request: HttpRequest, token: str):  # pragma: no cover - see __call__
+        return agent_for_request(request)
+
+
+api = NinjaAPI(
+    title="startsafe agent API",
+    version="1",
+    description=(
+        "Journal the tool calls of agent runs, keyed by idempotency keys from stable "
+        "intent; learn whether to execute, skip, wait, review or stop. Every POST accepts "
+        "an `Idempotency-Key` header (1–255 printable characters): a repeat gets the first "
+        "answer again; another body with the same key is 422 `idempotency_key_reused`; a "
+        "repeat while the first is processed is 409 `request_in_progress`. Errors are "
+        '`{"error": {"code", "message", "details"}}`. Request bodies are limited to 1 MiB, '
+        "and `input`, `args`, `result` to 256 KiB each as canonical JSON (413)."
+    ),
+    auth=AgentToken(),
+    parser=StrictJsonParser(),
+    urls_namespace="api",
+    docs_url="/docs",
+    openapi_url="/openapi.json",
+)
+
+ERRORS = {400: ErrorOut, 401: ErrorOut, 404: ErrorOut, 409: ErrorOut, 413: ErrorOut, 422: ErrorOut}
+
+
+# --- Errors: one place ---------------------------------------------------------------
+
+
+def _fields_of(errors: list[dict]) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for error in errors:
+        # Drop ninja's wrappers and the call's discriminator ("effect.tool" → "tool").
+        loc = [
+            str(part)
+            for part in error.get("loc", ())
+            if part not in ("body", "payload", "query", "filters", "read", "effect")
+        ]
+        name = ".".join(loc) or "body"
+        fields.setdefault(name, error.get("msg", "is invalid"))
+    return fields
+
+
+@api.exception_handler(ValidationError)
+def _validation_error(request, exc: ValidationError):
+    errors = list(exc.errors)
+    if any(str(e.get("loc", ("",))[0]) == "path" for e in errors):
+        # A malformed id names no object, exactly like an unknown one.
+        return error_response(404, "not_found", "No such object for this agent.")
+    for error in errors:
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, PayloadTooLarge) or "over the 256 KiB limit" in str(error.get("msg")):
+            return error_response(
+                413,
+                "payload_too_large",
+                "A JSON value is over its 256 KiB limit as canonical JSON.",
+                {"fields": _fields_of([error])},
+            )
+    return error_response(
+        400,
+        "invalid_request",
+        "The request is not valid: see details.fields.",
+        {"fields": _fields_of(errors)},
+    )
+
+
+@api.exception_handler(AuthenticationError)
+def _unauthorized(request, exc):
+    return error_response(
+        401, "unauthorized", "A valid bearer token of an active agent is required."
+    )
+
+
+@api.exception_handler(JournalError)
+def _journal_error(request, exc: JournalError):
+    return error_response(exc.status, exc.code, exc.message, exc.details)
+
+
+@api.exception_handler(HttpError)
+def _http_error(request, exc: HttpError):
+    if exc.status_code == 400:
+        return error_response(400, "invalid_request", "The body is not valid UTF-8 JSON.", {})
+    code = {401: "unauthorized", 404: "not_found", 413: "payload_too_large"}.get(
+        exc.status_code, "invalid_request"
+    )
+    return error_response(exc.status_code, code, str(exc), {})
+
+
+@api.exception_handler(Http404)
+def _not_found(request, exc):
+    return error_response(404, "not_found", "No such object for this agent.")
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_big(request, exc):
+    return error_response(413, "payload_too_large", "The request body is over the 1 MiB limit.")
+
+
+@api.exception_handler(DataError)
+def _data_error(request, exc):
+    # The last line of defence: a value PostgreSQL refused is the client's input.
+    logger.warning("database refused a value: %s", exc)
+    return error_response(400, "invalid_request", "A value cannot be stored.", {})
+
+
+@api.exception_handler(Exception)
+def _unexpected(request, exc):
+    logger.exception("unexpected error in the API")
+    return error_response(500, "internal_error", "Something went wrong on our side.", {})
+
+
+# --- Helpers ---------------------------------------------------------------------------
+
+
+def _agent(request):
+    return request.auth
+
+
+def _run_of(request, run_id: UUID) -> Run:
+    run = Run.objects.filter(pk=run_id, agent=_agent(request)).first()
+    if run is None:
+        raise Http404
+    return run
+
+
+def _whole_run(run: Run, attempt: Attempt | None = None) -> dict:
+    journal, effects = journal_of(run)
+    body = {
+        "run": run_dict(run),
+        "verdict": restart_verdict(run).as_dict(),
+        "journal": journal,
+        "effects": effects,
+    }
+    if attempt is not None:
+        body["attempt"] = attempt_dict(attempt)
+    return body
+
+
+# A cursor is "<created_at in microseconds since the epoch>.<id as 32 hex digits>":
+# every string of that shape is a valid position, so the schema can state it exactly.
+CURSOR_PATTERN = r"^[0-9]{1,16}\.[0-9a-f]{32}$"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _encode_cursor(created_at: datetime, pk: UUID) -> str:
+    micros = (created_at - _EPOCH) // timedelta(microseconds=1)
+    return f"{micros}.{pk.hex}"
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
+    micros, _, hex_id = cursor.partition(".")
+    return _EPOCH + timedelta(microseconds=int(micros)), UUID(hex=hex_id)
+
+
+def _page(queryset, limit: int, cursor: str | None, serialize):
+    """Newest first, keyset-paginated on (created_at, id)."""
+    if cursor:
+        created_at, pk = _decode_cursor(cursor)
+        queryset = queryset.filter(created_at__lte=created_at).exclude(
+            created_at=created_at, pk__gte=pk
+        )
+    rows = list(queryset.order_by("-created_at", "-pk")[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "items": [serialize(row) for row in rows],
+        "next_cursor": _encode_cursor(rows[-1].created_at, rows[-1].pk) if more and rows else None,
+    }
+
+
+class RunFilters(Schema):
+    status: Literal["running", "interrupted", "completed", "failed", "abandoned"] | None = None
+    run_key: str | None = None
+    restart_ready: bool | None = None
+    limit: int = Field(50, ge=1, le=200)
+    cursor: str | None = Field(None, pattern=CURSOR_PATTERN)
+
+
+class EffectFilters(Schema):
+    run_id: UUID | None = None
+    status: (
+        Literal[
+            "pending",
+            "awaiting_approval",
+            "approved",
+            "rejected",
+            "expired",
+            "in_flight",
+            "done",
+            "failed",
+            "unknown",
+        ]
+        | None
+    ) = None
+    key: str | None = None
+    tool: str | None = None
+    limit: int = Field(50, ge=1, le=200)
+    cursor: str | None = Field(None, pattern=CURSOR_PATTERN)
+
+
+def _unknown_params(request, filters: type[Schema]):
+    """Refuse unknown query parameters: a typo must not silently list everything."""
+    unknown = sorted(set(request.GET) - set(filters.model_fields))
+    if not unknown:
+        return None
+    return error_response(
+        400,
+        "invalid_request",
+        "Unknown query parameters: " + ", ".join(unknown) + ".",
+        {"fields": {name: "unknown parameter" for name in unknown}},
+    )
+
+
+# --- Runs ------------------------------------------------------------------------------
+
+
+@api.post(
+    "/runs",
+    response={200: StartOut, 201: StartOut, **ERRORS},
+    summary="Start a run, or start it again",
+    tags=["runs"],
+)
+def start_run(request, payload: StartIn):
+    """A new `run_key` creates the run and attempt 1 (201). An existing one is a restart:
+    decided by the verdict or an operator's override (200), or refused with
+    `restart_blocked`, `already_running` (with `details.attempt` and
+    `details.heartbeat_at`) or `run_finished`. `title`, `input`, `restart_policy`,
+    `heartbeat_timeout` and `restart_url` are fixed by the first start."""
+    started = lifecycle.start_run(
+        _agent(request),
+        payload.run_key,
+        title=payload.title or "",
+        input=payload.input,
+        restart_policy=payload.restart_policy,
+        heartbeat_timeout=payload.heartbeat_timeout,
+        restart_url=payload.restart_url,
+        supersede=payload.supersede,
+        agent_version=payload.agent_version,
+    )
+    return Status(201 if started.created else 200, _whole_run(started.run, started.attempt))
+
+
+@api.get("/runs", response={200: RunPage, **ERRORS}, summary="The agent's runs", tags=["runs"])
+def list_runs(request, filters: Query[RunFilters]):
+    """Newest first; filter by `status`, `run_key`, `restart_ready=true`."""
+    unknown = _unknown_params(request, RunFilters)
+    if unknown:
+        return unknown
+    runs = Run.objects.filter(agent=_agent(request))
+    if filters.status:
+        runs = runs.filter(status=filters.status)
+    if filters.run_key is not None:
+        runs = runs.filter(run_key=filters.run_key)
+    if filters.restart_ready is not None:
+        runs = runs.filter(restart_ready=filters.restart_ready)
+    return _page(runs, filters.limit, filters.cursor, run_dict)
+
+
+@api.get(
+    "/runs/{run_id}",
+    response={200: RunDetailOut, **ERRORS},
+    summary="A run with its attempts, verdict, journal and effects",
+    tags=["runs"],
+)
+def get_run(request, run_id: UUID):
+    run = _run_of(request, run_id)
+    body = _whole_run(run)
+    body["attempts"] = [attempt_dict(a) for a in run.attempts.order_by("number")]
+    return body
+
+
+@api.post(
+    "/runs/{run_id}/heartbeat",
+    response={200: RunOnlyOut, **ERRORS},
+    summary="Keep the running attempt alive",
+    tags=["runs"],
+)
+def heartbeat(request, run_id: UUID, payload: AttemptIn):
+    """`409 attempt_superseded` (or `run_finished`) tells an attempt that is no longer
+    running to stop."""
+    run = lifecycle.heartbeat(_agent(request), run_id, attempt=payload.attempt)
+    return {"run": run_dict(run)}
+
+
+@api.post(
+    "/runs/{run_id}/finish",
+    response={200: RunOnlyOut, **ERRORS},
+    summary="Finish the attempt and the run as completed or failed",
+    tags=["runs"],
+)
+def finish(request, run_id: UUID, payload: FinishIn):
+    """Effects still in flight under this attempt become `unknown`."""
+    run = lifecycle.finish_run(
+        _agent(request),
+        run_id,
+        attempt=payload.attempt,
+        outcome=payload.outcome,
+        error=payload.error,
+    )
+    return {"run": run_dict(run)}
+
+
+@api.post(
+    "/runs/{run_id}/calls",
+    response={201: RecordOut, **ERRORS},
+    summary="Record a tool call before making it",
+    tags=["runs"],
+)
+def record_call(request, run_id: UUID, payload: CallIn):
+    """Answers the action: `execute` (you hold the claim: perform `effect.args`, then
+    complete), `skip` (done: `effect.result`), `wait` (poll), `review` (outcome
+    unknown: poll), `blocked` (never perform it). The first call naming a key
+    declares `needs_approval`, `approvals_required`, `timeout`, `approval_ttl` and
+    `preview`; later calls cannot change them. `approvals_required` above 1 needs
+    `needs_approval`. The same key for another tool is `409 key_conflict`."""
+    if payload.kind == "read":
+        recorded = lifecycle.record_call(
+            _agent(request),
+            run_id,
+            attempt=payload.attempt,
+            tool=payload.tool,
+            kind="read",
+            args=payload.args,
+        )
+    else:
+        if payload.key is not None and payload.key_source is None:
+            return error_response(
+                400,
+                "invalid_request",
+                "key_source is required with key.",
+                {"fields": {"key_source": "required with key"}},
+            )
+        recorded = lifecycle.record_call(
+            _agent(request),
+            run_id,
+            attempt=payload.attempt,
+            tool=payload.tool,
+            kind="effect",
+            args=payload.args,
+            key=payload.key,
+            key_source=payload.key_source if payload.key is not None else None,
+            needs_approval=payload.needs_approval,
+            approvals_required=payload.approvals_required if payload.needs_approval else 1,
+            preview=payload.preview or "",
+            approval_ttl=payload.approval_ttl,
+            timeout=payload.timeout,
+        )
+    return Status(
+        201,
+        {
+            "call": call_dict(recorded.call),
+            "action": recorded.action,
+            "effect": effect_dict(recorded.effect) if recorded.effect is not None else None,
+        },
+    )
+
+
+# --- Effects ---------------------------------------------------------------------------
+
+
+def _etag(effect: Effect, action: str) -> str:
+    return f'"{effect.pk}.{effect.revision}.{action}"'
+
+
+@api.get(
+    "/effects/{effect_id}",
+    response={200: EffectActionOut, 304: None, **ERRORS},
+    summary="The approval poll",
+    tags=["effects"],
+)
+def poll_effect(request, effect_id: UUID, response: HttpResponse):
+    """One indexed lookup, no writes. The action is `claim`, `skip`, `wait`, `review` or
+    `blocked` (never `execute`). Send the `ETag` back as `If-None-Match` to get `304`
+    with no body while nothing changed."""
+    effect = Effect.objects.filter(pk=effect_id, agent=_agent(request)).first()
+    if effect is None:
+        raise Http404
+    action = lifecycle.action_for(effect, timezone.now())
+    etag = _etag(effect, action)
+    if request.headers.get("If-None-Match") == etag:
+        not_modified = HttpResponse(status=304)
+        not_modified["ETag"] = etag
+        return not_modified
+    response["ETag"] = etag
+    return {"effect": effect_dict(effect), "action": action}
+
+
+@api.get(
+    "/effects",
+    response={200: EffectPage, **ERRORS},
+    summary="The agent's effects",
+    tags=["effects"],
+)
+def list_effects(request, filters: Query[EffectFilters]):
+    """Newest first; `run_id` lists the effects that run's calls point to."""
+    unknown = _unknown_params(request, EffectFilters)
+    if unknown:
+        return unknown
+    effects = Effect.objects.filter(agent=_agent(request))
+    if filters.run_id:
+        effects = effects.filter(calls__run_id=filters.run_id).distinct()
+    if filters.status:
+        effects = effects.filter(status=filters.status)
+    if filters.key is not None:
+        effects = effects.filter(key=filters.key)
+    if filters.tool is not None:
+        effects = effects.filter(tool=filters.tool)
+    return _page(effects, filters.limit, filters.cursor, effect_dict)
+
+
+@api.post(
+    "/effects/{effect_id}/claim",
+    response={200: EffectActionOut, **ERRORS},
+    summary="Claim a released effect",
+    tags=["effects"],
+)
+def claim(request, effect_id: UUID, payload: ClaimIn):
+    """The run must have recorded a call to the effect (else `claim_conflict`) and the
+    attempt must be running (else `attempt_superseded`). A `pending`, `approved` or
+    `failed` effect is claimed (`execute`); otherwise the current action is returned."""
+    effect, action = lifecycle.claim_effect(
+        _agent(request), effect_id, run_id=payload.run_id, attempt=payload.attempt
+    )
+    return {"effect": effect_dict(effect), "action": action}
+
+
+@api.post(
+    "/effects/{effect_id}/complete",
+    response={200: EffectOnlyOut, **ERRORS},
+    summary="Report what happened",
+    tags=["effects"],
+)
+def complete(request, effect_id: UUID, payload: CompleteIn):
+    """From the attempt that holds the claim, even after it stopped (the effect is
+    `unknown`): the truth is recorded. A repeated `done` keeps the first result. Any
+    other report is `409 claim_conflict`, and is still kept for operators."""
+    effect = lifecycle.complete_effect(
+        _agent(request),
+        effect_id,
+        run_id=payload.run_id,
+        attempt=payload.attempt,
+        outcome=payload.outcome,
+        result=payload.result,
+        error=payload.error,
+    )
+    return {"effect": effect_dict(effect)}
+
+
+@api.post(
+    "/effects/{effect_id}/reconcile",
+    response={200: EffectActionOut, **ERRORS},
+    summary="Settle an unknown outcome with evidence",
+    tags=["effects"],
+)
+def reconcile(request, effect_id: UUID, payload: ReconcileIn):
+    """Only for an `unknown` effect, from a running attempt of a run that recorded a
+    call to it. `done` records the result; `not_done` releases the effect to be claimed
+    again. Only a lookup that sees the provider's latest state may answer `not_done`."""
+    effect, action = lifecycle.reconcile_effect(
+        _agent(request),
+        effect_id,
+        run_id=payload.run_id,
+        attempt=payload.attempt,
+        outcome=payload.outcome,
+        evidence=payload.evidence,
+        result=payload.result,
+    )
+    return {"effect": effect_dict(effect), "action": action}

@@ -1,0 +1,49 @@
+"""Bearer-token authentication of agents, and the contract's error body.
+
+One indexed query resolves the agent (``token_hash`` is unique); the result is
+cached on the request so the idempotency middleware and the API share it.
+"""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, JsonResponse
+
+from runs.models import Agent, hash_token
+
+_UNSET = object()
+
+
+def bearer_token(request: HttpRequest) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def agent_for_request(request: HttpRequest) -> Agent | None:
+    """The active agent whose token the request carries, or None (one query, cached)."""
+    cached = getattr(request, "_startsafe_agent", _UNSET)
+    if cached is not _UNSET:
+        return cached
+    token = bearer_token(request)
+    agent = None
+    if token is not None and len(token) <= 200 and token.isprintable():
+        # The lookup is by a SHA-256 of the token: comparing hashes leaks nothing
+        # useful about the token, and token_matches() double-checks in constant time.
+        candidate = Agent.objects.filter(token_hash=hash_token(token), is_active=True).first()
+        if candidate is not None and candidate.token_matches(token):
+            agent = candidate
+    request._startsafe_agent = agent
+    return agent
+
+
+def error_response(
+    status: int, code: str, message: str, details: dict | None = None
+) -> JsonResponse:
+    response = JsonResponse(
+        {"error": {"code": code, "message": message, "details": details or {}}}, status=status
+    )
+    if status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="startsafe"'
+    return response

@@ -1,0 +1,448 @@
+"""Pydantic schemas of the agent API v1: what it accepts and what it answers.
+
+The OpenAPI schema at ``/api/v1/openapi.json`` is generated from these, so the
+documentation and the validation are the same code. Limits are api.md's.
+Input is strict: ``"5"`` is not an integer and ``1`` is not a boolean.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal, Union
+from urllib.parse import urlsplit
+from uuid import UUID
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+)
+from typing_extensions import TypeAliasType
+
+from runs.canonical import NotCanonicalizable, canonical_json
+
+MAX_JSON_VALUE = 256 * 1024  # input, args, result: canonical JSON bytes
+MAX_SAFE_INTEGER = 2**53 - 1
+
+
+class PayloadTooLarge(ValueError):
+    """A JSON value over its size limit: answered 413, not 400."""
+
+
+def _check_text(value: str) -> str:
+    """Valid Unicode without U+0000: what PostgreSQL can store."""
+    if "\x00" in value:
+        raise ValueError("must not contain U+0000")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
+# "Printable": no control characters (C0, DEL, C1). Stated as a pattern so that the
+# OpenAPI schema says exactly what the server accepts.
+PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f]+$"
+NO_NUL = r"^[^\x00]*$"
+
+
+def _check_printable(value: str) -> str:
+    _check_text(value)
+    if any(ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F for ch in value):
+        raise ValueError("must be printable characters only")
+    return value
+
+
+def check_json_value(value: Any, depth: int = 0) -> None:
+    """Refuse what RFC 8785 or PostgreSQL cannot hold, before it reaches the database."""
+    if depth > 100:
+        raise ValueError("is nested too deeply (over 100 levels)")
+    if isinstance(value, str):
+        _check_text(value)
+    elif isinstance(value, bool) or value is None:
+        return
+    elif isinstance(value, int):
+        if abs(value) > MAX_SAFE_INTEGER:
+            raise ValueError("has an integer beyond ±(2^53−1): send large ids as strings")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("has a number that is not finite")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key)
+            check_json_value(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            check_json_value(item, depth + 1)
+
+
+def _check_object(value: dict) -> dict:
+    check_json_value(value)
+    try:
+        size = len(canonical_json(value))
+    except NotCanonicalizable as exc:
+        raise ValueError(f"cannot be represented as canonical JSON ({exc})") from None
+    if size > MAX_JSON_VALUE:
+        raise PayloadTooLarge(f"is {size} bytes as canonical JSON, over the 256 KiB limit")
+    return value
+
+
+# An http(s) URL of printable ASCII with a host part; IPv6 literals are not taken.
+URL_PATTERN = r"^https?://[A-Za-z0-9._~%!$&'()*+,;=:@-]+(?:[/?#][!-~]*)?$"
+
+
+def _check_url(value: str) -> str:
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        raise ValueError("must be an http or https URL") from None
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError("must be an http or https URL")
+    return value
+
+
+def _whole_number(value: Any) -> Any:
+    """JSON Schema's integer: 60 and 60.0 are both the integer 60; "60" and true are not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def whole(minimum: int, maximum: int):
+    """A strict integer within [minimum, maximum] (60.0 counts as 60)."""
+    # Field before BeforeValidator: the other order drops the bounds from the schema.
+    return Annotated[
+        int, Field(strict=True, ge=minimum, le=maximum), BeforeValidator(_whole_number)
+    ]
+
+
+def _not_whole(value: float) -> float:
+    if value.is_integer():
+        raise ValueError("integer-valued numbers must be within ±(2^53−1)")
+    return value
+
+
+Text = Annotated[str, Field(pattern=NO_NUL), AfterValidator(_check_text)]
+Printable = Annotated[str, Field(pattern=PRINTABLE), AfterValidator(_check_printable)]
+
+# Any JSON value PostgreSQL and RFC 8785 can hold: text without U+0000, integers
+# within ±(2^53−1), finite numbers. Recursive, so the schema documents it exactly.
+JsonValue = TypeAliasType(
+    "JsonValue",
+    Union[  # noqa: UP007 - a recursive alias needs the Union form
+        Annotated[str, Field(pattern=NO_NUL)],
+        whole(-MAX_SAFE_INTEGER, MAX_SAFE_INTEGER),
+        Annotated[
+            float,
+            Field(strict=True, allow_inf_nan=False, json_schema_extra={"not": {"type": "integer"}}),
+            AfterValidator(_not_whole),
+        ],
+        StrictBool,
+        None,
+        list["JsonValue"],
+        dict[Annotated[str, Field(pattern=NO_NUL)], "JsonValue"],
+    ],
+)
+JsonObject = Annotated[
+    dict[Annotated[str, Field(pattern=NO_NUL)], JsonValue], AfterValidator(_check_object)
+]
+RunKey = Annotated[
+    str, Field(min_length=1, max_length=200, pattern=PRINTABLE), AfterValidator(_check_printable)
+]
+ToolName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:\-]+$")]
+EffectKey = Annotated[
+    str, Field(min_length=1, max_length=255, pattern=PRINTABLE), AfterValidator(_check_printable)
+]
+AttemptNumber = whole(1, 2_147_483_647)
+Url = Annotated[str, Field(max_length=2000, pattern=URL_PATTERN), AfterValidator(_check_url)]
+
+
+class In(BaseModel):
+    # Unknown fields are refused: a typo such as "needs_aproval" must not silently
+    # release a campaign without approval.
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+# --- Requests -------------------------------------------------------------------
+
+
+class StartIn(In):
+    run_key: RunKey
+    title: Annotated[Text, Field(max_length=200)] | None = None
+    input: JsonObject | None = None
+    restart_policy: Literal["keyed", "blunt", "manual"] = "keyed"
+    heartbeat_timeout: whole(5, 86_400) = 60
+    restart_url: Url | None = None
+    supersede: AttemptNumber | None = Field(
+        None, description="The run's current attempt number, to replace a running attempt."
+    )
+    agent_version: Annotated[Text, Field(max_length=100)] | None = None
+
+
+class AttemptIn(In):
+    attempt: AttemptNumber
+
+
+class FinishIn(In):
+    attempt: AttemptNumber
+    outcome: Literal["completed", "failed"]
+    error: Annotated[Text, Field(max_length=4000)] | None = None
+
+
+class ReadCallIn(In):
+    """A read: journaled, never gated, never keyed."""
+
+    attempt: AttemptNumber
+    tool: ToolName
+    kind: Literal["read"]
+    args: JsonObject
+
+
+class EffectCallIn(In):
+    """An effect; the first call naming a key declares the effect's settings."""
+
+    # A key needs its key_source; stated in the schema so generated clients know it.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"key": {"type": "string"}}, "required": ["key"]},
+            "then": {"properties": {"key_source": {"type": "string"}}, "required": ["key_source"]},
+        }
+    )
+
+    attempt: AttemptNumber
+    tool: ToolName
+    kind: Literal["effect"]
+    args: JsonObject
+    key: EffectKey | None = None
+    key_source: Literal["provider", "content", "intent"] | None = Field(
+        None, description="Required with key: where the key comes from."
+    )
+    needs_approval: StrictBool = False
+    approvals_required: whole(1, 3) = Field(
+        1, description="Distinct operators who must approve; only counts with needs_approval."
+    )
+    preview: Annotated[Text, Field(max_length=4000)] | None = None
+    approval_ttl: whole(60, 2_592_000) | None = None
+    timeout: whole(1, 86_400) | None = None
+
+
+CallIn = Annotated[Union[ReadCallIn, EffectCallIn], Field(discriminator="kind")]  # noqa: UP007
+
+
+class ClaimIn(In):
+    run_id: Annotated[UUID, Field(strict=False)]
+    attempt: AttemptNumber
+
+
+class CompleteIn(In):
+    run_id: Annotated[UUID, Field(strict=False)]
+    attempt: AttemptNumber
+    outcome: Literal["done", "failed"]
+    result: JsonObject | None = None
+    error: Annotated[Text, Field(max_length=4000)] | None = None
+
+
+class ReconcileIn(In):
+    run_id: Annotated[UUID, Field(strict=False)]
+    attempt: AttemptNumber
+    outcome: Literal["done", "not_done"]
+    evidence: Annotated[Text, Field(min_length=1, max_length=2000)]
+    result: JsonObject | None = None
+
+
+# --- Answers ---------------------------------------------------------------------
+
+ActionName = Literal["execute", "claim", "skip", "wait", "review", "blocked"]
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    details: dict[str, Any]
+
+
+class ErrorOut(BaseModel):
+    error: ErrorDetail
+
+
+class BlockingOut(BaseModel):
+    reason: Literal["unkeyed_effect", "recorded_call", "manual_policy"]
+    effect_id: str | None
+    call_id: str | None
+    tool: str | None
+    message: str
+
+
+class NoteOut(BaseModel):
+    reason: Literal[
+        "done",
+        "awaiting_approval",
+        "approved",
+        "pending",
+        "in_flight",
+        "unknown_outcome",
+        "rejected",
+        "expired",
+        "failed",
+    ]
+    effect_id: str
+    tool: str
+    message: str
+
+
+class OverrideOut(BaseModel):
+    by: str | None
+    at: str
+    note: str
+
+
+class VerdictOut(BaseModel):
+    safe: bool
+    policy: Literal["keyed", "blunt", "manual"]
+    blocking: list[BlockingOut]
+    notes: list[NoteOut]
+    override: OverrideOut | None
+
+
+class RunOut(BaseModel):
+    id: str
+    run_key: str
+    title: str
+    input: dict[str, Any]
+    status: Literal["running", "interrupted", "completed", "failed", "abandoned"]
+    restart_policy: Literal["keyed", "blunt", "manual"]
+    heartbeat_timeout: int
+    heartbeat_at: str
+    current_attempt: int
+    restart_ready: bool
+    restart_url: str | None
+    created_at: str
+    updated_at: str
+
+
+class AttemptOut(BaseModel):
+    number: int
+    status: Literal["running", "completed", "failed", "interrupted", "superseded"]
+    started_at: str
+    ended_at: str | None
+    started_by: str = Field(description="agent, auto, or operator:<username>")
+    reason: str
+    agent_version: str | None
+    verdict_at_start: VerdictOut | None
+    error: str | None
+
+
+class ApprovalOut(BaseModel):
+    by: str
+    at: str
+    note: str
+    args_hash: str
+
+
+class DecisionOut(BaseModel):
+    verb: Literal["approved", "rejected", "marked_done", "released", "expired", "reconciled"]
+    by: str
+    at: str
+    note: str
+    args_hash: str
+    final: bool
+
+
+class ClaimedByOut(BaseModel):
+    run_id: str
+    attempt: int
+
+
+class EffectOut(BaseModel):
+    id: str
+    run_id: str
+    tool: str
+    key: str | None
+    key_source: Literal["provider", "content", "intent"] | None
+    needs_approval: bool
+    approvals_required: int
+    approvals: list[ApprovalOut]
+    timeout: int | None
+    status: Literal[
+        "pending",
+        "awaiting_approval",
+        "approved",
+        "rejected",
+        "expired",
+        "in_flight",
+        "done",
+        "failed",
+        "unknown",
+    ]
+    args: dict[str, Any]
+    args_hash: str
+    args_versions: int
+    preview: str | None
+    result: dict[str, Any] | None
+    error: str | None
+    claimed_by: ClaimedByOut | None
+    approval_expires_at: str | None
+    decision: DecisionOut | None
+    revision: int
+    created_at: str
+    updated_at: str
+
+
+class CallOut(BaseModel):
+    id: str
+    attempt: int
+    seq: int
+    tool: str
+    kind: Literal["read", "effect"]
+    args_hash: str
+    action: ActionName
+    effect_id: str | None
+    at: str
+
+
+class StartOut(BaseModel):
+    run: RunOut
+    attempt: AttemptOut
+    verdict: VerdictOut
+    journal: list[CallOut]
+    effects: list[EffectOut]
+
+
+class RunDetailOut(BaseModel):
+    run: RunOut
+    attempts: list[AttemptOut]
+    verdict: VerdictOut
+    journal: list[CallOut]
+    effects: list[EffectOut]
+
+
+class RunOnlyOut(BaseModel):
+    run: RunOut
+
+
+class RecordOut(BaseModel):
+    call: CallOut
+    action: ActionName
+    effect: EffectOut | None
+
+
+class EffectActionOut(BaseModel):
+    effect: EffectOut
+    action: ActionName
+
+
+class EffectOnlyOut(BaseModel):
+    effect: EffectOut
+
+
+class RunPage(BaseModel):
+    items: list[RunOut]
+    next_cursor: str | None
+
+
+class EffectPage(BaseModel):
+    items: list[EffectOut]
+    next_cursor: str | None

@@ -1,0 +1,176 @@
+"""The ``Idempotency-Key`` header on every API ``POST`` (api.md, "Request idempotency").
+
+A middleware, so it sees every answer the API gives, validation errors included:
+1. The body is checked against the 1 MiB limit before anything parses it.
+2. The key is claimed in its own committed row before the work, so a concurrent
+   duplicate finds it at once and answers ``409 request_in_progress``.
+3. A repeat with the same key and the same request gets the first answer again;
+   another request with that key is ``422 idempotency_key_reused``.
+4. Answers below 500 are kept; a 5xx, or a request that died, frees the key (a
+   dead request's claim lapses after 60 seconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import timedelta
+
+from django.core.exceptions import RequestDataTooBig
+from django.db import IntegrityError, transaction
+from django.http import HttpResponse
+from django.utils import timezone
+
+from runs.api_auth import agent_for_request, error_response
+from runs.canonical import NotCanonicalizable, canonical_json
+from runs.models import Agent, IdempotentRequest
+
+API_PREFIX = "/api/v1/"
+MAX_BODY = 1024 * 1024
+CLAIM_LEASE = timedelta(seconds=60)
+RETENTION = timedelta(hours=24)
+
+
+def request_fingerprint(method: str, path: str, body: bytes) -> str:
+    """Method, path and body; the body compared as canonical JSON when it is JSON."""
+    try:
+        normalized = canonical_json(json.loads(body)) if body else b""
+    except (ValueError, NotCanonicalizable, RecursionError):
+        normalized = body
+    digest = hashlib.sha256()
+    digest.update(f"{method} {path}\n".encode())
+    digest.update(normalized)
+    return digest.hexdigest()
+
+
+def _valid_key(key: str) -> bool:
+    return 1 <= len(key) <= 255 and key.isprintable()
+
+
+def claim_key(agent: Agent, key: str, method: str, path: str, fingerprint: str):
+    """Claim ``key`` for this request. Returns (row, outcome) with outcome one of
+    ``new``, ``replay``, ``reused`` or ``in_progress``."""
+    now = timezone.now()
+    for _ in range(3):
+        try:
+            with transaction.atomic():
+                row = IdempotentRequest.objects.create(
+                    agent=agent,
+                    key=key,
+                    method=method,
+                    path=path[:500],
+                    request_hash=fingerprint,
+                    created_at=now,
+                    locked_until=now + CLAIM_LEASE,
+                )
+            return row, "new"
+        except IntegrityError:
+            row = IdempotentRequest.objects.filter(agent=agent, key=key).first()
+            if row is None:
+                continue  # freed in between: try the insert again
+        if row.request_hash != fingerprint:
+            return row, "reused"
+        if row.completed_at is not None:
+            return row, "replay"
+        if row.locked_until > now:
+            return row, "in_progress"
+        # The request that claimed it died: take its claim over (compare-and-set).
+        taken = IdempotentRequest.objects.filter(
+            pk=row.pk, completed_at__isnull=True, locked_until=row.locked_until
+        ).update(locked_until=now + CLAIM_LEASE, created_at=now)
+        return row, "new" if taken else "in_progress"
+    return None, "in_progress"
+
+
+class IdempotencyMiddleware:
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if not request.path.startswith(API_PREFIX):
+            return self.get_response(request)
+        too_large = self._body_too_large(request)
+        if too_large is not None:
+            return too_large
+        key = request.headers.get("Idempotency-Key")
+        if request.method != "POST" or key is None:
+            return self.get_response(request)
+        agent = agent_for_request(request)
+        if agent is None:
+            return self.get_response(request)  # the API answers 401
+        if not _valid_key(key):
+            return error_response(
+                400,
+                "invalid_request",
+                "The Idempotency-Key header must be 1 to 255 printable characters.",
+                {"fields": {"Idempotency-Key": "1 to 255 printable characters"}},
+            )
+        fingerprint = request_fingerprint(request.method, request.path, request.body)
+        row, outcome = claim_key(agent, key, request.method, request.path, fingerprint)
+        if outcome == "replay":
+            response = HttpResponse(
+                bytes(row.response_body or b""),
+                status=row.response_status,
+                content_type="application/json",
+            )
+            response["Idempotent-Replayed"] = "true"
+            return response
+        if outcome == "reused":
+            return error_response(
+                422,
+                "idempotency_key_reused",
+                "This Idempotency-Key was used before with a different request.",
+                {"idempotency_key": key},
+            )
+        if outcome == "in_progress":
+            response = error_response(
+                409,
+                "request_in_progress",
+                "A request with this Idempotency-Key is still being processed: retry later.",
+                {"idempotency_key": key},
+            )
+            response["Retry-After"] = "1"
+            return response
+        try:
+            response = self.get_response(request)
+        except BaseException:
+            IdempotentRequest.objects.filter(pk=row.pk).delete()
+            raise
+        if response.status_code < 500 and not getattr(response, "streaming", False):
+            IdempotentRequest.objects.filter(pk=row.pk).update(
+                response_status=response.status_code,
+                response_body=response.content,
+                completed_at=timezone.now(),
+            )
+        else:
+            IdempotentRequest.objects.filter(pk=row.pk).delete()
+        return response
+
+    @staticmethod
+    def _body_too_large(request) -> HttpResponse | None:
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
+        if declared > MAX_BODY:
+            return _too_large()
+        if request.method in ("POST", "PUT", "PATCH"):
+            try:
+                if len(request.body) > MAX_BODY:
+                    return _too_large()
+            except RequestDataTooBig:
+                return _too_large()
+        return None
+
+
+def _too_large() -> HttpResponse:
+    return error_response(
+        413, "payload_too_large", "The request body is over the 1 MiB limit.", {"limit": MAX_BODY}
+    )
+
+
+def prune_idempotent_requests(now=None) -> int:
+    """Forget answers older than the retention (24 hours); returns how many."""
+    now = now or timezone.now()
+    deleted, _ = IdempotentRequest.objects.filter(created_at__lt=now - RETENTION).delete()
+    return deleted

@@ -1,0 +1,116 @@
+"""The Idempotency-Key header on every POST (api.md, "Request idempotency")."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from runs.idempotency import prune_idempotent_requests
+from runs.models import Call, IdempotentRequest, Run
+from tests.api_client import Api
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def api(agent) -> Api:
+    return Api(agent.token)
+
+
+def test_a_repeated_request_gets_the_first_answer_and_changes_nothing(api):
+    first = api.post("/runs", {"run_key": "t"}, headers={"Idempotency-Key": "start-1"})
+    # Same body with other whitespace and key order: compared as canonical JSON.
+    again = api.post("/runs", raw=b'{ "run_key" : "t" }', headers={"Idempotency-Key": "start-1"})
+    assert first.status == again.status == 201
+    assert again.body == first.body
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert Run.objects.count() == 1
+
+
+def test_a_retried_call_is_recorded_once(api):
+    run_id = api.start("t").body["run"]["id"]
+    body = {
+        "attempt": 1,
+        "tool": "reply",
+        "kind": "effect",
+        "args": {"b": 1},
+        "key": "m",
+        "key_source": "provider",
+    }
+    first = api.post(f"/runs/{run_id}/calls", body, headers={"Idempotency-Key": "call-1"})
+    again = api.post(f"/runs/{run_id}/calls", body, headers={"Idempotency-Key": "call-1"})
+    assert first.body["action"] == again.body["action"] == "execute"
+    assert Call.objects.filter(run_id=run_id).count() == 1
+
+
+def test_an_error_answer_is_kept_too(api):
+    first = api.post("/runs", {"run_key": 5}, headers={"Idempotency-Key": "bad-1"})
+    again = api.post("/runs", {"run_key": 5}, headers={"Idempotency-Key": "bad-1"})
+    assert first.status == again.status == 400 and again.body == first.body
+
+
+def test_the_same_key_with_another_body_is_idempotency_key_reused(api):
+    api.post("/runs", {"run_key": "t"}, headers={"Idempotency-Key": "k"})
+    answer = api.post("/runs", {"run_key": "u"}, headers={"Idempotency-Key": "k"})
+    assert answer.status == 422 and answer.code == "idempotency_key_reused"
+    assert Run.objects.count() == 1
+
+
+def test_a_request_still_being_processed_answers_request_in_progress(api, agent):
+    now = timezone.now()
+    IdempotentRequest.objects.create(
+        agent=agent,
+        key="busy",
+        method="POST",
+        path="/api/v1/runs",
+        request_hash=_fingerprint({"run_key": "t"}),
+        created_at=now,
+        locked_until=now + timedelta(seconds=60),
+    )
+    answer = api.post("/runs", {"run_key": "t"}, headers={"Idempotency-Key": "busy"})
+    assert answer.status == 409 and answer.code == "request_in_progress"
+    assert Run.objects.count() == 0
+
+
+def test_a_request_that_died_frees_its_key_after_its_lease(api, agent):
+    past = timezone.now() - timedelta(seconds=61)
+    IdempotentRequest.objects.create(
+        agent=agent,
+        key="dead",
+        method="POST",
+        path="/api/v1/runs",
+        request_hash=_fingerprint({"run_key": "t"}),
+        created_at=past,
+        locked_until=past,
+    )
+    answer = api.post("/runs", {"run_key": "t"}, headers={"Idempotency-Key": "dead"})
+    assert answer.status == 201
+    assert IdempotentRequest.objects.get(key="dead").response_status == 201
+
+
+def test_keys_are_per_agent(api, other_agent):
+    api.post("/runs", {"run_key": "t"}, headers={"Idempotency-Key": "shared"})
+    other = Api(other_agent.token)
+    answer = other.post("/runs", {"run_key": "other"}, headers={"Idempotency-Key": "shared"})
+    assert answer.status == 201
+
+
+def test_an_invalid_key_is_invalid_request(api):
+    answer = api.post("/runs", {"run_key": "t"}, headers={"Idempotency-Key": "x" * 256})
+    assert answer.status == 400 and answer.code == "invalid_request"
+
+
+def test_answers_older_than_a_day_are_pruned(api, agent):
+    api.post("/runs", {"run_key": "t"}, headers={"Idempotency-Key": "old"})
+    assert prune_idempotent_requests(timezone.now() + timedelta(hours=23)) == 0
+    assert prune_idempotent_requests(timezone.now() + timedelta(hours=25)) == 1
+
+
+def _fingerprint(body: dict) -> str:
+    import json
+
+    from runs.idempotency import request_fingerprint
+
+    return request_fingerprint("POST", "/api/v1/runs", json.dumps(body).encode())

@@ -1,0 +1,39 @@
+"""Schemathesis against the live OpenAPI schema, with every check it has.
+
+Whatever it generates, valid or not, must get an answer the schema documents and
+never a server error. (Schemathesis 4: OpenAPI 3.1, which django-ninja generates.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+
+from runs.models import Agent
+from startsafe.wsgi import application
+
+
+@pytest.fixture
+def api_schema(transactional_db):
+    return schemathesis.openapi.from_wsgi("/api/v1/openapi.json", application)
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
+
+
+@pytest.fixture
+def bearer(transactional_db) -> dict:
+    agent = Agent(name="fuzz-bot")
+    token = agent.set_new_token()
+    agent.save()
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.mark.slow
+@schema.parametrize()
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+def test_the_api_never_errors_and_always_answers_its_schema(case, bearer):
+    # All of schemathesis' checks run by default (server errors, status codes,
+    # content types, headers, response schemas, negative and positive data, auth).
+    case.call_and_validate(headers=bearer)
