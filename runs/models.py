@@ -460,3 +460,34 @@ class IdempotentRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.agent_id} {self.key}"
+
+
+class KeyTombstone(models.Model):
+    """What a keyed effect came to, kept after ``prune`` deleted its run.
+
+    Dedupe must outlive retention: a key redelivered after pruning is answered
+    ``skip`` with the recorded result (see ``record_call``), so the tombstone keeps
+    just enough of the effect to rebuild a ``done`` one.
+    """
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    tool = models.CharField(max_length=100)
+    key_source = models.CharField(max_length=10, choices=KeySource.choices)
+    status = models.CharField(max_length=20, choices=EffectStatus.choices)
+    result = models.JSONField(null=True, blank=True)
+    args = models.JSONField(null=True, blank=True)
+    args_hash = models.CharField(max_length=64)
+    # The deleted effect's id and run key, so the audit trail can still be followed.
+    effect_id = models.UUIDField()
+    run_key = models.CharField(max_length=200)
+    pruned_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-pruned_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["agent", "key"], name="tombstone_key_unique_per_agent"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_id} {self.key} ({self.status})"
