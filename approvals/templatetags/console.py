@@ -50,7 +50,9 @@ def reltime(value: datetime | None) -> str:
     if not value:
         return "—"
     now = timezone.now()
-    if value <= now:
+    if abs((now - value).total_seconds()) < 60:
+        text = "just now"
+    elif value <= now:
         text = f"{timesince(value, now, depth=1)} ago"
     else:
         text = f"in {timeuntil(value, now, depth=1)}"
