@@ -39,6 +39,7 @@ from runs.models import (
     Agent,
     Attempt,
     AttemptStatus,
+    AuditEvent,
     Call,
     CallKind,
     Effect,
@@ -806,7 +807,26 @@ def complete_effect(
         holder = effect.claimed_run_id == run.pk and effect.claimed_attempt == attempt
         report = {"outcome": outcome, "result": result, "error": error, "attempt": attempt}
         if holder and effect.status == EffectStatus.DONE and outcome == "done":
-            return effect  # a repeated report keeps the first result
+            # A repeated report keeps the first result. When a person or a lookup
+            # settled it first, the holder's own report is still the truth someone
+            # may need: keep it in the audit log (once, retries are not news).
+            settled_by_other = (effect.decision or {}).get("verb") in ("marked_done", "reconciled")
+            already_kept = AuditEvent.objects.filter(
+                effect=effect, verb="late_report", data=report
+            ).exists()
+            if settled_by_other and not already_kept:
+                record_event(
+                    actor,
+                    "late_report",
+                    at=now,
+                    run=run,
+                    effect=effect,
+                    attempt_number=attempt,
+                    old_status=effect.status,
+                    new_status=effect.status,
+                    data=report,
+                )
+            return effect
         conflict = None
         if run.is_finished:
             conflict = RunFinished(

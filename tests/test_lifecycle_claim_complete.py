@@ -247,3 +247,56 @@ def test_an_effect_in_flight_past_its_timeout_becomes_unknown(agent):
     complete_effect(agent, effect.pk, run_id=run.pk, attempt=1, outcome="done")
     effect.refresh_from_db()
     assert effect.status == EffectStatus.DONE
+
+
+def test_a_late_done_report_on_an_effect_a_person_marked_done_is_kept(agent, operator):
+    from approvals.decisions import mark_effect_done
+
+    run = start(agent).run
+    effect = send(agent, run).effect
+    start(agent, supersede=1)
+    effect.refresh_from_db()
+    mark_effect_done(operator, effect.pk, args_hash=effect.args_hash, note="saw it sent")
+
+    for _ in range(2):  # a retried report is not news
+        again = complete_effect(
+            agent, effect.pk, run_id=run.pk, attempt=1, outcome="done", result={"id": "m9"}
+        )
+
+    # The person's settlement stands; the agent's own account is kept beside it.
+    assert again.status == EffectStatus.DONE
+    effect.refresh_from_db()
+    assert effect.result is None
+    kept = AuditEvent.objects.filter(effect=effect, verb="late_report")
+    assert [e.data["result"] for e in kept] == [{"id": "m9"}]
+
+
+def test_every_change_of_an_effect_bumps_its_revision(agent, operator):
+    run = start(agent).run
+    effect = send(agent, run, needs_approval=True).effect
+    revisions = [effect.revision]
+    approve_effect(operator, effect.pk, args_hash=effect.args_hash)
+    effect.refresh_from_db()
+    revisions.append(effect.revision)
+    claim_effect(agent, effect.pk, run_id=run.pk, attempt=1)
+    effect.refresh_from_db()
+    revisions.append(effect.revision)
+    complete_effect(agent, effect.pk, run_id=run.pk, attempt=1, outcome="done")
+    effect.refresh_from_db()
+    revisions.append(effect.revision)
+
+    # The poll's ETag is built from the revision: every change must show.
+    assert revisions == sorted(set(revisions))
+
+
+def test_recording_a_new_keyed_effect_stays_within_its_query_budget(
+    agent, django_assert_max_num_queries
+):
+    run = start(agent).run
+
+    # 14 today: lock the run, its attempt, the last seq, the key lookup, a savepoint,
+    # the effect insert and its release, the "recorded" audit row, the claim (update
+    # and audit row), the call insert, the version insert, and the outer savepoint
+    # pair. A regression (a query per effect or per call) shows up here first.
+    with django_assert_max_num_queries(14):
+        send(agent, run)
