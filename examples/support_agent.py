@@ -2,7 +2,8 @@
 
     python examples/support_agent.py --base-url http://127.0.0.1:8000 \\
         --token $STARTSAFE_TOKEN --ticket ticket-4812 --ledger var/ledger.jsonl \\
-        [--crash-after N] [--seed S] [--approval-timeout SECONDS] [--supersede]
+        [--crash-after N] [--kill-at POINT[:TOOL]] [--think SECONDS] [--seed S] \\
+        [--approval-timeout SECONDS] [--supersede]
 
 Four tools, each keyed from stable intent (never from what the model wrote):
 
@@ -16,7 +17,9 @@ Four tools, each keyed from stable intent (never from what the model wrote):
 A fake, seeded "LLM" rewrites the arguments and reorders the calls on every attempt.
 Side effects go to the ledger (JSON lines) so ``count_ledger.py`` can count
 duplicates. ``--crash-after N`` kills the process (``os._exit(137)``) right after the
-N-th effect ran and before it was reported: the worst moment.
+N-th effect ran and before it was reported: the worst moment. ``--kill-at`` kills it
+with SIGKILL at any point of the protocol instead (``kill_points.py`` lists them), and
+``--think`` makes the model take that long before each call.
 
 Exit codes: 0 answered (or already answered), 3 a person must decide first (see the
 printed addresses), 4 another attempt is live, 5 the restart is blocked, 137 crashed.
@@ -30,6 +33,7 @@ import hashlib
 import io
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ledger  # noqa: E402
 from fake_llm import FakeLLM, Ticket, ticket_for  # noqa: E402
+from kill_points import KillAt, parse_kill_point  # noqa: E402
 
 from startsafe_client import (  # noqa: E402
     AlreadyRunning,
@@ -171,11 +176,14 @@ def declare_tools(client: Client, ledger_path: Path, crasher: Crasher) -> dict[s
     }
 
 
-def answer_ticket(run: Run, tools: dict[str, Tool], ticket: Ticket, llm: FakeLLM) -> list[str]:
+def answer_ticket(
+    run: Run, tools: dict[str, Tool], ticket: Ticket, llm: FakeLLM, think: float = 0.0
+) -> list[str]:
     """Follow the model's plan; return what waits for a person (empty when all is done)."""
     customer: dict[str, Any] = {}
     waiting: list[str] = []
     for name in llm.plan(ticket):
+        time.sleep(think)  # a real model takes seconds per step; heartbeats go on meanwhile
         args = llm.arguments(name, ticket, customer)
         try:
             result = run.call(tools[name], **args)
@@ -202,6 +210,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ticket", default="ticket-4812")
     parser.add_argument("--ledger", default="var/ledger.jsonl", type=Path)
     parser.add_argument("--crash-after", type=int, default=None, metavar="N")
+    parser.add_argument(
+        "--kill-at",
+        type=parse_kill_point,
+        default=None,
+        metavar="POINT[:TOOL]",
+        help="SIGKILL this process at a point of the protocol (see kill_points.py)",
+    )
+    parser.add_argument("--think", type=float, default=0.0, metavar="SECONDS")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--approval-timeout", type=float, default=300.0, metavar="SECONDS")
     parser.add_argument("--poll-interval", type=float, default=2.0, metavar="SECONDS")
@@ -226,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         approval_timeout=options.approval_timeout,
         poll_interval=options.poll_interval,
         poll_max_interval=max(options.poll_interval, 5.0),
+        transport=KillAt(*options.kill_at) if options.kill_at else None,
     )
     tools = declare_tools(client, options.ledger, Crasher(options.crash_after))
     ticket = ticket_for(options.ticket)
@@ -240,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         ) as run:
             notes = ", ".join(n["reason"] for n in run.verdict.get("notes", [])) or "none"
             print(f"run {run.id}: attempt {run.attempt} (verdict notes: {notes})")
-            waiting = answer_ticket(run, tools, ticket, FakeLLM(options.seed, run.attempt))
+            llm = FakeLLM(options.seed, run.attempt)
+            waiting = answer_ticket(run, tools, ticket, llm, options.think)
             if waiting:
                 raise NeedsPerson("waiting for a person: " + "; ".join(waiting))
     except NeedsPerson as stop:
