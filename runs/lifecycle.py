@@ -45,6 +45,7 @@ from runs.models import (
     Effect,
     EffectStatus,
     EffectVersion,
+    KeyTombstone,
     Run,
     RunStatus,
 )
@@ -652,6 +653,16 @@ def _find_or_create_effect(
         existing = Effect.objects.select_for_update().filter(agent=agent, key=key).first()
         if existing is not None:
             return existing, False
+        tombstone = KeyTombstone.objects.filter(agent=agent, key=key).first()
+        if tombstone is not None:
+            if tombstone.tool != tool:
+                raise KeyConflict(
+                    f"The key {key!r} belongs to the tool {tombstone.tool!r}.",
+                    {"tool": tombstone.tool},
+                )
+            restored = _restore_from_tombstone(tombstone, run, now)
+            if restored is not None:
+                return restored, False
     needs_approval = declared["needs_approval"]
     effect = Effect(
         agent=agent,
@@ -677,6 +688,99 @@ def _find_or_create_effect(
             raise
         return Effect.objects.select_for_update().get(agent=agent, key=key), False
     return effect, True
+
+
+# What a pruned key comes back as (product.md rule 8: keys do not expire). An
+# outcome that happened, may have happened, or was refused comes back as it was,
+# so the redelivered call gets the answer the live key gave: done → skip, unknown
+# → review, rejected or expired → blocked. A key that never ran (pending,
+# approved, failed, awaiting approval) is absent here: nothing was done, so the
+# redelivered call declares a fresh effect, exactly like a new key.
+RESTORED_STATUSES = {
+    EffectStatus.DONE: EffectStatus.DONE,
+    EffectStatus.UNKNOWN: EffectStatus.UNKNOWN,
+    # In flight under a finished run: its attempt stopped, so it may have happened.
+    EffectStatus.IN_FLIGHT: EffectStatus.UNKNOWN,
+    EffectStatus.REJECTED: EffectStatus.REJECTED,
+    EffectStatus.EXPIRED: EffectStatus.EXPIRED,
+}
+
+
+def _restore_from_tombstone(tombstone: KeyTombstone, run: Run, now: datetime) -> Effect | None:
+    """Bring a pruned key back as an effect of ``run``, with its recorded outcome.
+
+    1. A key that never ran gives None: the caller creates a fresh effect.
+    2. Otherwise the effect is inserted with the tombstone's tool, arguments and
+       result (a race with another redelivery is lost gracefully, as for new keys).
+    3. Its first version and a ``restored`` audit event say where it came from; the
+       caller then treats the redelivered call as a replay of an existing key.
+    """
+    status = RESTORED_STATUSES.get(tombstone.status)
+    if status is None:
+        return None
+    decision = None
+    if status in (EffectStatus.REJECTED, EffectStatus.EXPIRED):
+        # A pruned refusal stays a refusal: whether it was final is not kept, so it
+        # is taken as final for a rejection (never performed without a person).
+        decision = {
+            "verb": "rejected" if status == EffectStatus.REJECTED else "expired",
+            "by": "system",
+            "at": tombstone.pruned_at.isoformat(),
+            "note": "Restored from the key's tombstone after its run was pruned.",
+            "args_hash": tombstone.args_hash,
+            "final": status == EffectStatus.REJECTED,
+        }
+    args = tombstone.args if tombstone.args is not None else {}
+    effect = Effect(
+        agent_id=tombstone.agent_id,
+        run=run,
+        tool=tombstone.tool,
+        key=tombstone.key,
+        key_source=tombstone.key_source,
+        needs_approval=status == EffectStatus.EXPIRED,
+        approval_ttl=default_approval_ttl(),
+        status=status,
+        args=args,
+        args_hash=tombstone.args_hash,
+        args_versions=1,
+        result=tombstone.result,
+        decision=decision,
+        created_at=now,
+        updated_at=now,
+    )
+    try:
+        with transaction.atomic():
+            effect.save(force_insert=True)
+    except IntegrityError:
+        return Effect.objects.select_for_update().get(
+            agent_id=tombstone.agent_id, key=tombstone.key
+        )
+    EffectVersion.objects.create(
+        effect=effect,
+        number=1,
+        args=args,
+        args_hash=tombstone.args_hash,
+        author="system",
+        adopted=True,
+        at=now,
+    )
+    record_event(
+        SYSTEM,
+        "restored",
+        at=now,
+        run=run,
+        effect=effect,
+        new_status=status,
+        note="The key's run was pruned; its tombstone keeps the outcome.",
+        data={
+            "key": tombstone.key,
+            "tool": tombstone.tool,
+            "pruned_effect_id": str(tombstone.effect_id),
+            "pruned_run_key": tombstone.run_key,
+            "pruned_at": tombstone.pruned_at.isoformat(),
+        },
+    )
+    return effect
 
 
 def _apply_call_to_existing(
