@@ -13,7 +13,6 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 from lifecycle_helpers import send, start
-from tests.api_client import Api
 
 from approvals.decisions import abandon_run, reject_effect
 from approvals.models import Approval
@@ -30,6 +29,7 @@ from runs.models import (
     Run,
 )
 from runs.prune import prune_finished_runs
+from tests.api_client import Api
 
 pytestmark = pytest.mark.django_db
 
