@@ -359,7 +359,7 @@ class JournalMachine(RuleBasedStateMachine):
                 assert verdict.safe is not Call.objects.filter(run=run).exists()
 
 
-@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+@pytest.mark.django_db(transaction=True)
 def test_the_journal_keeps_its_invariants_under_random_sequences(operator, second_operator):
     JournalMachine.operators = [
         User.objects.get(pk=operator.pk),
@@ -368,9 +368,11 @@ def test_the_journal_keeps_its_invariants_under_random_sequences(operator, secon
     run_state_machine_as_test(
         JournalMachine,
         settings=settings(
-            max_examples=15,
-            stateful_step_count=25,
+            max_examples=20,
+            stateful_step_count=30,
             deadline=None,
+            # A fixed walk, so CI is stable and its coverage check means something.
+            derandomize=True,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
             database=None,
         ),
@@ -380,5 +382,6 @@ def test_the_journal_keeps_its_invariants_under_random_sequences(operator, secon
     effect_verbs = set(
         AuditEvent.objects.filter(effect__isnull=False).values_list("verb", flat=True)
     )
-    assert {"recorded", "claimed", "completed"} <= effect_verbs, effect_verbs
+    assert {"recorded", "claimed"} <= effect_verbs, effect_verbs
+    assert effect_verbs & {"completed", "completed_late", "reconciled_done"}, effect_verbs
     assert len(effect_verbs) >= 8, effect_verbs
