@@ -65,7 +65,8 @@ def _roles(transactional_db):
 @pytest.fixture(scope="module")
 def browser():
     if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
+        # Never a silent skip: make test and .ci/run install it.
+        pytest.fail("Debian's chromium is not installed (apt-get install -y chromium)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

@@ -17,7 +17,7 @@ import startsafe_client as ss
 from approvals.decisions import approve_effect, mark_effect_done, reject_effect
 from runs.models import Attempt, Call, Effect, Run
 
-pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def make_client(live_server, agent, *, transport=None, on_sleep=None, **options) -> ss.Client:

@@ -18,7 +18,7 @@ from runs.errors import AlreadyRunning, StaleArgs
 from runs.lifecycle import record_call, start_run
 from runs.models import Attempt, AttemptStatus, AuditEvent, Call, Effect, EffectStatus
 
-pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _race(workers: list) -> list:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(EXAMPLES))
 
 import ledger  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, serialized_rollback=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 CRASHED, NEEDS_PERSON = 137, 3
 LEDGER_KIND = {"send_reply": "reply", "import_dataset": "import", "send_campaign": "campaign"}
