@@ -12,10 +12,29 @@ from typing import Any
 
 from django.http import HttpRequest
 
+from runs.api_schemas import MAX_JSON_VALUE, check_json_value
+from runs.canonical import NotCanonicalizable, canonical_json
 from runs.errors import InvalidRequest
 
 _MISSING = object()
 TRUE_VALUES = ("on", "1", "true", "yes")
+# api.md's limit for notes and evidence; other fields (hashes) are far shorter.
+MAX_NOTE = 2000
+MAX_TEXT = {"note": MAX_NOTE}
+
+
+def _checked_text(name: str, value: str) -> str:
+    """Refuse what PostgreSQL cannot store (U+0000) and what is over its limit: a 400,
+    never a 500 from the database."""
+    if "\x00" in value:
+        raise InvalidRequest(f"{name} must not contain U+0000.", {"fields": {name: "U+0000"}})
+    limit = MAX_TEXT.get(name, MAX_NOTE)
+    if len(value) > limit:
+        raise InvalidRequest(
+            f"{name} is {len(value)} characters, over the limit of {limit}.",
+            {"fields": {name: f"at most {limit} characters"}},
+        )
+    return value
 
 
 def required_text(request: HttpRequest, name: str) -> str:
@@ -23,11 +42,11 @@ def required_text(request: HttpRequest, name: str) -> str:
     if not value:
         message = "A note is required." if name == "note" else f"{name} is required."
         raise InvalidRequest(message, {"fields": {name: "required"}})
-    return value
+    return _checked_text(name, value)
 
 
 def optional_text(request: HttpRequest, name: str) -> str:
-    return request.POST.get(name, "").strip()
+    return _checked_text(name, request.POST.get(name, "").strip())
 
 
 def checkbox(request: HttpRequest, name: str) -> bool:
@@ -42,13 +61,29 @@ def optional_json(request: HttpRequest, name: str, *, object_only: bool = False)
     return parse_json(raw, name, object_only=object_only)
 
 
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def parse_json(raw: str, name: str, *, object_only: bool = False) -> Any:
+    """JSON the journal can hold, with the API's rules: no NaN or Infinity, no U+0000,
+    integers within ±(2^53−1), at most 100 levels and 256 KiB as canonical JSON."""
     try:
-        value = json.loads(raw)
-    except ValueError as exc:
+        value = json.loads(raw, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
         raise InvalidRequest(
             f"{name} is not valid JSON: {exc}", {"fields": {name: "invalid JSON"}}
         ) from None
     if object_only and not isinstance(value, dict):
         raise InvalidRequest(f"{name} must be a JSON object ({{…}}).", {"fields": {name: "object"}})
+    try:
+        check_json_value(value)
+        size = len(canonical_json(value))
+    except (ValueError, NotCanonicalizable, RecursionError) as exc:
+        raise InvalidRequest(f"{name} {exc}.", {"fields": {name: str(exc)}}) from None
+    if size > MAX_JSON_VALUE:
+        raise InvalidRequest(
+            f"{name} is {size} bytes as canonical JSON, over the 256 KiB limit.",
+            {"fields": {name: "at most 256 KiB"}},
+        )
     return value

@@ -45,6 +45,7 @@ from runs.api_schemas import (
 )
 from runs.errors import JournalError
 from runs.models import Attempt, Effect, Run
+from runs.ratelimit import RateLimited, check_rate_limit, rate_limited_response
 from runs.serialize import attempt_dict, call_dict, effect_dict, journal_of, run_dict
 from runs.verdict import restart_verdict
 
@@ -67,7 +68,10 @@ class AgentToken(HttpBearer):
     """``Authorization: Bearer <token>``; the token's hash finds the agent (one query)."""
 
     def __call__(self, request: HttpRequest):
-        return agent_for_request(request)
+        agent = agent_for_request(request)
+        if agent is not None:
+            check_rate_limit(request, agent)  # 429 rate_limited, per token
+        return agent
 
     def authenticate(self, request: HttpRequest, token: str):  # pragma: no cover - see __call__
         return agent_for_request(request)
@@ -83,7 +87,10 @@ api = NinjaAPI(
         "answer again; another body with the same key is 422 `idempotency_key_reused`; a "
         "repeat while the first is processed is 409 `request_in_progress`. Errors are "
         '`{"error": {"code", "message", "details"}}`. Request bodies are limited to 1 MiB, '
-        "and `input`, `args`, `result` to 256 KiB each as canonical JSON (413)."
+        "and `input`, `args`, `result` to 256 KiB each as canonical JSON (413). Each token "
+        "may make `STARTSAFE_RATE_LIMIT` requests per window (600 a minute by default); past "
+        "it, every request is 429 `rate_limited` with a `Retry-After` header (seconds) until "
+        "the window ends."
     ),
     auth=AgentToken(),
     parser=StrictJsonParser(),
@@ -92,7 +99,15 @@ api = NinjaAPI(
     openapi_url="/openapi.json",
 )
 
-ERRORS = {400: ErrorOut, 401: ErrorOut, 404: ErrorOut, 409: ErrorOut, 413: ErrorOut, 422: ErrorOut}
+ERRORS = {
+    400: ErrorOut,
+    401: ErrorOut,
+    404: ErrorOut,
+    409: ErrorOut,
+    413: ErrorOut,
+    422: ErrorOut,
+    429: ErrorOut,
+}
 
 
 # --- Errors: one place ---------------------------------------------------------------
@@ -140,6 +155,11 @@ def _unauthorized(request, exc):
     return error_response(
         401, "unauthorized", "A valid bearer token of an active agent is required."
     )
+
+
+@api.exception_handler(RateLimited)
+def _rate_limited(request, exc: RateLimited):
+    return rate_limited_response(exc)
 
 
 @api.exception_handler(JournalError)

@@ -24,6 +24,7 @@ from django.utils import timezone
 from runs.api_auth import agent_for_request, error_response
 from runs.canonical import NotCanonicalizable, canonical_json
 from runs.models import Agent, IdempotentRequest
+from runs.ratelimit import RateLimited, check_rate_limit, rate_limited_response
 
 API_PREFIX = "/api/v1/"
 MAX_BODY = 1024 * 1024
@@ -98,6 +99,12 @@ class IdempotencyMiddleware:
         agent = agent_for_request(request)
         if agent is None:
             return self.get_response(request)  # the API answers 401
+        try:
+            # Counted before the key is claimed: a refused request must not become the
+            # key's stored answer, or the client's retry would meet its 429 forever.
+            check_rate_limit(request, agent)
+        except RateLimited as exc:
+            return rate_limited_response(exc)
         if not _valid_key(key):
             return error_response(
                 400,

@@ -72,3 +72,32 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if value is None:
         return default
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+_PERIODS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+
+def parse_rate(value: str | None) -> tuple[int, int] | None:
+    """``"600/minute"`` → (600, 60); ``""`` or ``"0"`` (or ``"0/minute"``) → None (off).
+
+    Raises ``ValueError`` on anything else. Periods: second, minute, hour, day (or
+    their first letter).
+    """
+    text = (value or "").strip().lower()
+    if text in ("", "0", "off"):
+        return None
+    count, slash, period = text.partition("/")
+    seconds = next((s for name, s in _PERIODS.items() if period in (name, name[0])), None)
+    if not slash or seconds is None or not count.isdigit():
+        raise ValueError(f"{value!r} is not a rate like 600/minute")
+    return (int(count), seconds) if int(count) > 0 else None
+
+
+def env_rate(name: str, default: str) -> str:
+    """A rate such as ``600/minute`` (``0`` or empty: off), checked while settings load."""
+    value = os.environ.get(name, default)
+    try:
+        parse_rate(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: {exc} (or 0 to turn it off).") from None
+    return value.strip()

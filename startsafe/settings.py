@@ -12,7 +12,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from startsafe.env import env_bool, env_float, env_int, env_list, env_str
+from startsafe.env import env_bool, env_float, env_int, env_list, env_rate, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("STARTSAFE_VAR_DIR", str(BASE_DIR / "var")))
@@ -54,6 +54,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # The console's Content-Security-Policy header.
+    "startsafe.security.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     # Idempotency-Key and the 1 MiB body limit of the agent API (runs/idempotency.py).
     "runs.idempotency.IdempotencyMiddleware",
@@ -167,6 +169,47 @@ SECURE_PROXY_SSL_HEADER = (
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
+# HSTS covers subdomains by default (check --deploy asks for it); preload is a
+# commitment to browsers' built-in lists, so it is the operator's choice.
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+# Cookies: the session dies after 12 hours (an operator's working day) and is never
+# sent by a cross-site request that could change state; JavaScript reads neither
+# cookie (htmx takes the CSRF token from the page, not from the cookie).
+SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 12 * 3600, minimum=60)
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_HTTPONLY = True
+CSRF_COOKIE_SAMESITE = "Lax"
+# The console's Content-Security-Policy (startsafe/security.py): everything from
+# this origin only, no inline script, no framing, forms post only here.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; "
+    "frame-ancestors 'none'"
+)
+
+
+# --- Cache (the API's rate limit) ---------------------------------------------
+
+
+def _cache_settings() -> dict:
+    """Redis when ``CACHE_URL`` (or ``REDIS_URL``) is set, else local memory.
+
+    The rate limit's counters must be shared by every web process to be exact, so
+    production points this at Redis (it is already in the stack as the broker).
+    The embedded default runs one web process, where local memory is exact and
+    costs nothing; the database cache would add a write to SQLite's single writer
+    on every API request, and needs createcachetable.
+    """
+    url = env_str("CACHE_URL") or env_str("REDIS_URL")
+    if not url:
+        return {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ImproperlyConfigured(f"CACHE_URL must be a redis:// URL, not {url!r}.")
+    return {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": url}
+
+
+CACHES = {"default": _cache_settings()}
 
 
 # --- E-mail -------------------------------------------------------------------
@@ -238,6 +281,8 @@ STARTSAFE = {
     "NOTIFY_WEBHOOK_TIMEOUT": env_float("STARTSAFE_NOTIFY_WEBHOOK_TIMEOUT", 10.0, minimum=0.5),
     # The console's address, for links in notifications (https://startsafe.example.com).
     "PUBLIC_URL": env_str("STARTSAFE_PUBLIC_URL", ""),
+    # Requests per token and window on the agent API ("600/minute"; 0 or empty: off).
+    "RATE_LIMIT": env_rate("STARTSAFE_RATE_LIMIT", "600/minute"),
     # Seconds /healthz waits for the broker before answering 503.
     "HEALTH_BROKER_TIMEOUT": env_float("STARTSAFE_HEALTH_BROKER_TIMEOUT", 2.0, minimum=0.1),
 }

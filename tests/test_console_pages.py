@@ -96,8 +96,11 @@ def test_the_queue_poll_answers_204_while_nothing_changed(client, viewer, agent)
 def test_the_queue_polls_faster_when_visible_than_when_hidden(client, viewer):
     client.force_login(viewer)
     html = client.get("/").content.decode()
-    assert "every 5s [!document.hidden" in html
-    assert "every 30s [document.hidden]" in html
+    assert 'hx-trigger="every 5s"' in html
+    # The 30 s pace of a hidden tab and the busy guard live in console.js, not in an
+    # hx-trigger filter: htmx evaluates filters with Function(), which the CSP forbids.
+    script = client.get("/static/console/console.js").getvalue().decode()
+    assert "document.hidden && now - lastQueuePoll < 30000" in script
 
 
 def test_the_nav_counts_what_waits_for_a_person(client, viewer, agent):

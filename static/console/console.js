@@ -35,4 +35,20 @@
     var active = document.activeElement;
     return !!(active && queue.contains(active) && /^(INPUT|TEXTAREA|SELECT)$/.test(active.tagName));
   };
+
+  // The queue polls every 5 s while the tab is visible and every 30 s while it is
+  // hidden, and skips a turn while busy. Decided here rather than in an hx-trigger
+  // filter, which htmx evaluates with Function(): the Content-Security-Policy
+  // (script-src 'self', no 'unsafe-eval') forbids that.
+  var lastQueuePoll = Date.now();
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var elt = event.detail.elt;
+    if (!elt || elt.id !== "queue" || event.detail.requestConfig.verb !== "get") return;
+    var now = Date.now();
+    if (window.consoleQueueBusy() || (document.hidden && now - lastQueuePoll < 30000)) {
+      event.preventDefault();
+      return;
+    }
+    lastQueuePoll = now;
+  });
 })();

@@ -1,0 +1,81 @@
+"""Rate limiting of the agent API, per token: a fixed-window counter in Django's cache.
+
+``STARTSAFE_RATE_LIMIT`` (``600/minute`` by default; ``0`` or empty turns it off)
+counts every authenticated request of an agent in the current window; past the
+limit the answer is ``429 rate_limited`` with ``Retry-After`` (the seconds left in
+the window). A fixed window is the simplest counter that is exact under any number
+of web processes when the cache is shared (Redis): ``cache.add`` creates the
+window's counter once, ``cache.incr`` is atomic. A burst of up to twice the limit
+across a window boundary is the known price of that simplicity.
+
+The counter is taken once per request (cached on it), before the idempotency
+middleware claims an ``Idempotency-Key``, so a refused request never stores its
+429 as the key's answer: the client's retry with the same key goes through.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from django.conf import settings
+from django.core.cache import caches
+from django.http import HttpRequest, JsonResponse
+
+from runs.api_auth import error_response
+from runs.models import Agent
+from startsafe.env import parse_rate
+
+CACHE_ALIAS = "default"
+_UNSET = object()
+
+
+class RateLimited(Exception):
+    def __init__(self, retry_after: int, limit: int, period: int):
+        super().__init__(f"over {limit} requests per {period} s")
+        self.retry_after = retry_after
+        self.limit = limit
+        self.period = period
+
+
+def _count(agent: Agent, limit: int, period: int, now: float) -> int | None:
+    """Count this request; returns the seconds to wait when over the limit, else None."""
+    window = int(now // period)
+    key = f"startsafe:rate:{agent.pk}:{period}:{window}"
+    cache = caches[CACHE_ALIAS]
+    # The counter outlives its window a little, so a late incr never recreates it.
+    cache.add(key, 0, timeout=period + 5)
+    try:
+        used = cache.incr(key)
+    except ValueError:  # evicted between add and incr: this request opens it again
+        cache.set(key, 1, timeout=period + 5)
+        used = 1
+    if used <= limit:
+        return None
+    return max(1, math.ceil((window + 1) * period - now))
+
+
+def check_rate_limit(request: HttpRequest, agent: Agent) -> None:
+    """Raise ``RateLimited`` when ``agent`` is over its rate (counted once per request)."""
+    seen = getattr(request, "_startsafe_rate", _UNSET)
+    if seen is _UNSET:
+        rate = parse_rate(settings.STARTSAFE.get("RATE_LIMIT"))
+        seen = None
+        if rate is not None:
+            retry_after = _count(agent, rate[0], rate[1], time.time())
+            if retry_after is not None:
+                seen = RateLimited(retry_after, *rate)
+        request._startsafe_rate = seen
+    if seen is not None:
+        raise seen
+
+
+def rate_limited_response(exc: RateLimited) -> JsonResponse:
+    response = error_response(
+        429,
+        "rate_limited",
+        f"Too many requests for this token: retry after {exc.retry_after} s.",
+        {"limit": exc.limit, "period": exc.period, "retry_after": exc.retry_after},
+    )
+    response["Retry-After"] = str(exc.retry_after)
+    return response
