@@ -1,0 +1,262 @@
+"""Production settings, security headers, tokens and the API's rate limit."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import time_machine
+from django.core.exceptions import ImproperlyConfigured
+from django.test import Client, override_settings
+
+from runs import models as run_models
+from runs.models import Agent, hash_token
+from startsafe.env import env_rate, parse_rate
+from tests.api_client import Api
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# What README's "Production" section tells an operator to set.
+PRODUCTION_ENV = {
+    "DEBUG": "0",
+    "SECRET_KEY": secrets.token_urlsafe(60),
+    "ALLOWED_HOSTS": "startsafe.example.com",
+    "CSRF_TRUSTED_ORIGINS": "https://startsafe.example.com",
+    "SECURE_SSL_REDIRECT": "1",
+    "SECURE_PROXY_SSL_HEADER": "1",
+    "SECURE_HSTS_SECONDS": "31536000",
+    "SECURE_HSTS_PRELOAD": "1",
+}
+
+
+def test_check_deploy_is_clean_under_production_settings(tmp_path):
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "STARTSAFE_VAR_DIR": str(tmp_path / "var"),
+        **PRODUCTION_ENV,
+    }
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no issues" in done.stdout
+
+
+def test_production_settings_refuse_to_start_without_a_secret_key(tmp_path):
+    env = {**PRODUCTION_ENV, "PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)}
+    env.pop("SECRET_KEY")
+    env["STARTSAFE_VAR_DIR"] = str(tmp_path / "var")
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and "SECRET_KEY is required" in done.stderr
+
+
+# --- Headers --------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_console_pages_carry_the_security_headers(client, viewer):
+    client.force_login(viewer)
+    response = client.get("/")
+    assert response.status_code == 200
+    assert response["X-Frame-Options"] == "DENY"
+    assert response["X-Content-Type-Options"] == "nosniff"
+    assert response["Referrer-Policy"] == "same-origin"
+    policy = response["Content-Security-Policy"]
+    assert "script-src 'self';" in policy and "frame-ancestors 'none'" in policy
+    assert "unsafe-inline" not in policy and "unsafe-eval" not in policy
+
+
+@pytest.mark.django_db
+def test_the_sign_in_page_and_the_api_carry_them_too():
+    assert "Content-Security-Policy" in Client().get("/accounts/login/")
+    answer = Client().get("/api/v1/runs")
+    assert answer["X-Content-Type-Options"] == "nosniff"
+
+
+def test_the_api_docs_are_left_out_of_the_policy(client):
+    # Swagger UI starts with an inline script.
+    assert "Content-Security-Policy" not in client.get("/api/v1/docs")
+
+
+@pytest.mark.django_db
+@override_settings(SECURE_HSTS_SECONDS=31536000, SECURE_HSTS_INCLUDE_SUBDOMAINS=True)
+def test_hsts_is_sent_over_https_when_configured(client):
+    response = client.get("/accounts/login/", secure=True)
+    assert response["Strict-Transport-Security"] == "max-age=31536000; includeSubDomains"
+
+
+def test_no_template_has_an_inline_script_or_event_handler():
+    # script-src 'self' only holds while every script is a file.
+    for template in (ROOT / "templates").rglob("*.html"):
+        text = template.read_text()
+        for tag in re.findall(r"<script\b[^>]*>", text):
+            assert "src=" in tag, (template, tag)
+        assert not re.search(r"\son[a-z]+\s*=", text), template
+        assert "hx-on" not in text and "javascript:" not in text, template
+
+
+def test_cookies_are_secure_and_not_for_scripts():
+    from django.conf import settings
+
+    assert settings.SESSION_COOKIE_HTTPONLY and settings.CSRF_COOKIE_HTTPONLY
+    assert settings.SESSION_COOKIE_SAMESITE == "Lax" == settings.CSRF_COOKIE_SAMESITE
+    assert settings.SESSION_COOKIE_AGE <= 24 * 3600
+
+
+# --- Tokens ---------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_tokens_are_stored_hashed_and_compared_in_constant_time(agent, monkeypatch):
+    stored = Agent.objects.get(pk=agent.pk)
+    assert agent.token not in (stored.token_hash, stored.token_hint)
+    assert stored.token_hash == hash_token(agent.token) and len(stored.token_hash) == 64
+
+    compared = []
+    real = run_models.hmac.compare_digest
+
+    def spy(a, b):
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(run_models.hmac, "compare_digest", spy)
+    assert Api(agent.token).get("/runs").status == 200
+    assert compared == [(stored.token_hash, hash_token(agent.token))]
+
+
+@pytest.mark.django_db
+def test_a_deactivated_agent_is_refused_on_its_very_next_request(agent):
+    api = Api(agent.token)
+    run_id = api.start("t").body["run"]["id"]
+    Agent.objects.filter(pk=agent.pk).update(is_active=False)
+
+    answer = api.post(f"/runs/{run_id}/heartbeat", {"attempt": 1})
+
+    assert answer.status == 401 and answer.code == "unauthorized"
+
+
+@pytest.mark.django_db
+def test_a_rotated_token_stops_working_at_once(agent):
+    old = agent.token
+    agent.set_new_token()
+    agent.save()
+    assert Api(old).get("/runs").status == 401
+
+
+# --- Rate limit -----------------------------------------------------------------
+
+
+def _limited(rate: str):
+    from django.conf import settings
+
+    return override_settings(STARTSAFE={**settings.STARTSAFE, "RATE_LIMIT": rate})
+
+
+@pytest.mark.django_db
+def test_a_token_over_its_rate_gets_429_with_retry_after(agent, other_agent):
+    api = Api(agent.token)
+    with _limited("3/minute"), time_machine.travel("2026-03-01 12:00:10Z", tick=False):
+        assert [api.get("/runs").status for _ in range(3)] == [200, 200, 200]
+
+        answer = api.get("/runs")
+
+        assert answer.status == 429 and answer.code == "rate_limited"
+        assert answer.headers["Retry-After"] == "50"  # the seconds left in the minute
+        assert answer.body["error"]["details"] == {"limit": 3, "period": 60, "retry_after": 50}
+        # Per token: another agent is not slowed down by this one.
+        assert Api(other_agent.token).get("/runs").status == 200
+
+
+@pytest.mark.django_db
+def test_the_limit_lifts_when_the_window_ends(agent):
+    api = Api(agent.token)
+    with _limited("2/minute"), time_machine.travel("2026-03-01 12:00:30Z", tick=False) as clock:
+        api.get("/runs"), api.get("/runs")
+        assert api.get("/runs").status == 429
+        clock.shift(30)
+        assert api.get("/runs").status == 200
+
+
+@pytest.mark.django_db
+def test_a_refused_post_does_not_keep_its_idempotency_key(agent):
+    # Otherwise the client's retry with the same key would get the 429 forever.
+    api = Api(agent.token)
+    key = {"Idempotency-Key": "start-t-1"}
+    with _limited("1/minute"), time_machine.travel("2026-03-01 12:00:00Z", tick=False) as clock:
+        assert api.get("/runs").status == 200
+        refused = api.post("/runs", {"run_key": "t"}, headers=key)
+        assert refused.status == 429 and refused.headers["Retry-After"] == "60"
+        clock.shift(60)
+        assert api.post("/runs", {"run_key": "t"}, headers=key).status == 201
+
+
+@pytest.mark.django_db
+def test_unauthenticated_requests_are_not_counted_against_a_token(agent):
+    with _limited("1/minute"), time_machine.travel("2026-03-01 12:00:00Z", tick=False):
+        for _ in range(5):
+            assert Api("ss_wrong").get("/runs").status == 401
+        assert Api(agent.token).get("/runs").status == 200
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("rate", ["0", ""])
+def test_a_zero_or_empty_rate_turns_the_limit_off(agent, rate):
+    api = Api(agent.token)
+    with _limited(rate):
+        assert all(api.get("/runs").status == 200 for _ in range(20))
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("600/minute", (600, 60)),
+        ("10/s", (10, 1)),
+        ("5000/hour", (5000, 3600)),
+        ("1/day", (1, 86400)),
+        ("0", None),
+        ("", None),
+        ("0/minute", None),
+        (None, None),
+    ],
+)
+def test_rates_are_read_strictly(text, parsed):
+    assert parse_rate(text) == parsed
+
+
+@pytest.mark.parametrize("text", ["fast", "10/fortnight", "-1/minute", "1.5/minute", "600"])
+def test_a_bad_rate_stops_the_start(monkeypatch, text):
+    monkeypatch.setenv("STARTSAFE_RATE_LIMIT", text)
+    with pytest.raises(ImproperlyConfigured, match="STARTSAFE_RATE_LIMIT"):
+        env_rate("STARTSAFE_RATE_LIMIT", "600/minute")
+
+
+def test_the_default_rate_is_generous():
+    from django.conf import settings
+
+    assert parse_rate(settings.STARTSAFE["RATE_LIMIT"]) == (600, 60)
+
+
+def test_the_openapi_schema_documents_429(client):
+    schema = client.get("/api/v1/openapi.json").json()
+    assert "rate_limited" in schema["info"]["description"]
+    for item in schema["paths"].values():
+        for operation in item.values():
+            assert "429" in operation["responses"]
