@@ -230,7 +230,10 @@ def sweep(now: datetime | None = None) -> SweepReport:
         logger.exception(kv("sweep_dispatch_failed", error=type(exc).__name__))
 
     report.duration = time.monotonic() - started
-    logger.info(kv("sweep", **report.log_fields()))
+    # An idle sweep every few seconds would drown the log: it says so only at DEBUG.
+    fields = report.log_fields()
+    busy = any(value for name, value in fields.items() if name != "duration")
+    logger.log(logging.INFO if busy else logging.DEBUG, kv("sweep", **fields))
     record_task_run(
         "sweep",
         now,
