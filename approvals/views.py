@@ -91,6 +91,12 @@ def queue_context(request: HttpRequest, fingerprint: str) -> dict:
     )
 
 
+def _filter(request: HttpRequest, name: str) -> str:
+    """A filter from the query string, without U+0000: PostgreSQL cannot compare text
+    with it (a DataError, so a 500), and no run key, title or name contains one."""
+    return request.GET.get(name, "").replace("\x00", "").strip()
+
+
 @require_GET
 @login_required
 def queue(request: HttpRequest) -> HttpResponse:
@@ -114,10 +120,10 @@ def queue(request: HttpRequest) -> HttpResponse:
 @login_required
 def runs(request: HttpRequest) -> HttpResponse:
     """All runs: filter by status, agent, verdict; search by run key or title."""
-    status = request.GET.get("status", "")
-    agent = request.GET.get("agent", "")
-    verdict = request.GET.get("verdict", "")
-    search = request.GET.get("q", "").strip()
+    status = _filter(request, "status")
+    agent = _filter(request, "agent")
+    verdict = _filter(request, "verdict")
+    search = _filter(request, "q")
     queryset = Run.objects.select_related("agent").annotate(
         attempt_count=Count("attempts", distinct=True),
         blocked=Q(blocked_runs_filter()),
@@ -237,9 +243,9 @@ def effect_detail(request: HttpRequest, effect_id) -> HttpResponse:
 @permission_required(HISTORY_PERMISSION, raise_exception=True)
 def history(request: HttpRequest) -> HttpResponse:
     """Every attempt of every run (filterable) and the audit log, both paginated."""
-    status = request.GET.get("status", "")
-    started_by = request.GET.get("started_by", "").strip()
-    agent = request.GET.get("agent", "")
+    status = _filter(request, "status")
+    started_by = _filter(request, "started_by")
+    agent = _filter(request, "agent")
     attempts = Attempt.objects.select_related("run", "run__agent").order_by("-started_at", "-id")
     if status in AttemptStatus.values:
         attempts = attempts.filter(status=status)
