@@ -6,8 +6,10 @@ A middleware, so it sees every answer the API gives, validation errors included:
    duplicate finds it at once and answers ``409 request_in_progress``.
 3. A repeat with the same key and the same request gets the first answer again;
    another request with that key is ``422 idempotency_key_reused``.
-4. Answers below 500 are kept; a 5xx, or a request that died, frees the key (a
-   dead request's claim lapses after 60 seconds).
+4. Answers below 500 are kept, in the same transaction as the work: a connection
+   cut between the two can never leave work done without its answer (which a
+   retry would do again). A 5xx rolls the work back and frees the key; so does a
+   request that died, or its claim lapses after 60 seconds.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 from datetime import timedelta
 
 from django.core.exceptions import RequestDataTooBig
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.http import HttpResponse
 from django.utils import timezone
 
@@ -139,18 +141,21 @@ class IdempotencyMiddleware:
             response["Retry-After"] = "1"
             return response
         try:
-            response = self.get_response(request)
+            with transaction.atomic():
+                response = self.get_response(request)
+                if response.status_code >= 500 or getattr(response, "streaming", False):
+                    raise _NotKept(response)  # roll the work back with the answer
+                IdempotentRequest.objects.filter(pk=row.pk).update(
+                    response_status=response.status_code,
+                    response_body=response.content,
+                    completed_at=timezone.now(),
+                )
+        except _NotKept as not_kept:
+            _free_claim(row.pk)
+            return not_kept.response
         except BaseException:
-            IdempotentRequest.objects.filter(pk=row.pk).delete()
+            _free_claim(row.pk)
             raise
-        if response.status_code < 500 and not getattr(response, "streaming", False):
-            IdempotentRequest.objects.filter(pk=row.pk).update(
-                response_status=response.status_code,
-                response_body=response.content,
-                completed_at=timezone.now(),
-            )
-        else:
-            IdempotentRequest.objects.filter(pk=row.pk).delete()
         return response
 
     @staticmethod
@@ -168,6 +173,27 @@ class IdempotencyMiddleware:
             except RequestDataTooBig:
                 return _too_large()
         return None
+
+
+class _NotKept(Exception):  # noqa: N818 - a signal, not an error
+    def __init__(self, response: HttpResponse) -> None:
+        self.response = response
+
+
+def _free_claim(pk: int) -> None:
+    """Free the key of a request whose answer is not kept, so its retry runs at once.
+
+    The request may have failed because its database connection was cut: then the
+    delete goes through a fresh connection. Only an unanswered claim is freed: if
+    the commit went through before the connection died, the kept answer stays and
+    the retry gets it. If even that fails, the claim lapses after ``CLAIM_LEASE``.
+    """
+    for _ in range(3):
+        try:
+            IdempotentRequest.objects.filter(pk=pk, completed_at__isnull=True).delete()
+            return
+        except DatabaseError:
+            connection.close()  # a dead connection: the next query takes a new one
 
 
 def _too_large() -> HttpResponse:

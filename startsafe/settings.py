@@ -114,6 +114,10 @@ def _database_settings() -> dict:
                 "timeout": env_float("DATABASE_POOL_TIMEOUT", 10.0, minimum=0.1),
             }
             config["CONN_MAX_AGE"] = 0
+            # Check each connection as it leaves the pool: after a PostgreSQL restart
+            # or a pg_terminate_backend, the pool's idle connections are dead, and
+            # without the check every one of them would fail one request with a 500.
+            config["CONN_HEALTH_CHECKS"] = True
         else:
             config["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
             config["CONN_HEALTH_CHECKS"] = True
