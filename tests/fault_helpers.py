@@ -101,6 +101,8 @@ class Gunicorn:
             "DEBUG": "1",
             "DATABASE_URL": database_url(),
             "LOG_LEVEL": "WARNING",
+            # Not under test here, and one token makes hundreds of calls a second.
+            "STARTSAFE_RATE_LIMIT": "0",
             "STARTSAFE_VAR_DIR": str(tmp),
             **env,
         }
