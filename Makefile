@@ -2,6 +2,8 @@
 #   make run   install, migrate, seed demo data, serve console + API + worker + schedule
 #              on the embedded default (SQLite, a Celery transport with no server)
 #   make test  install what the tests need and run the whole suite on PostgreSQL
+#   make bench seed a PostgreSQL database at scale, serve it with gunicorn, measure
+#              (docs/performance.md; BENCH_ARGS='--scale 0.01' for a quick run)
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -9,7 +11,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL := $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/startsafe)
 
-.PHONY: run test lint format install install-test clean
+.PHONY: run test lint format install install-test clean bench
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +23,10 @@ $(VENV)/.installed-run: pyproject.toml | $(VENV)/bin/python
 
 $(VENV)/.installed-test: pyproject.toml startsafe_client/pyproject.toml | $(VENV)/bin/python
 	$(VENV)/bin/pip install --quiet -e '.[test]' -e ./startsafe_client
+	touch $@ $(VENV)/.installed-run
+
+$(VENV)/.installed-bench: pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/pip install --quiet -e '.[bench]'
 	touch $@ $(VENV)/.installed-run
 
 install: $(VENV)/.installed-run
@@ -37,6 +43,11 @@ test: install-test
 		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
 		else echo "Browser tests need Debian's chromium: sudo apt-get install -y chromium"; exit 1; fi; }
 	DATABASE_URL="$(TEST_DATABASE_URL)" DEBUG=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+# Its own database (BENCH_DATABASE_URL or DATABASE_URL, default startsafe_bench on
+# 127.0.0.1), created and dropped by the run; wrk comes from Debian (apt-get install wrk).
+bench: $(VENV)/.installed-bench
+	$(PY) -m bench.run $(BENCH_ARGS)
 
 lint: install-test
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,522 @@
+"""make bench: seed a database at scale, serve it with gunicorn, measure, report.
+
+    python -m bench.run [--scale 1] [--duration 10] [--rounds 2] [--keep]
+
+1. Creates its own database (``startsafe_bench``, or the one ``DATABASE_URL``
+   names), migrates it and seeds it (``bench/seed.py``).
+2. Starts gunicorn as in production (sync workers, ``DEBUG=0``, a ``SECRET_KEY``)
+   with the baseline view mounted (``STARTSAFE_BENCH_BASELINE=1``), on loopback.
+3. Loads it with ``wrk`` (``bench/lua/``): the baseline, the poll (200), the poll
+   with ``If-None-Match`` (304), and record + complete; interleaved in rounds, so
+   the noise of a shared machine hits all of them alike, and reported as ratios.
+4. Times the console's pages in-process (Django's test client) with their query
+   counts, then the sweep in a fresh process with its peak memory.
+5. Writes the table into ``docs/performance.md`` and drops the database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+LUA = Path(__file__).resolve().parent / "lua"
+VENV_BIN = Path(sys.executable).parent
+DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/startsafe_bench"
+REPORT = ROOT / "docs" / "performance.md"
+START, END = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# --- The database --------------------------------------------------------------
+
+
+def _admin_dsn(url: str) -> tuple[str, str]:
+    """A DSN for the server's ``postgres`` database, and the bench database's name."""
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    if not name or name in ("postgres", "template1"):
+        raise SystemExit(f"refusing to use {name!r} as the bench database")
+    admin = urlunsplit(parts._replace(scheme="postgresql", path="/postgres"))
+    return admin, name
+
+
+def recreate_database(url: str) -> None:
+    import psycopg
+
+    admin, name = _admin_dsn(url)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def drop_database(url: str) -> None:
+    import psycopg
+
+    admin, name = _admin_dsn(url)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def psycopg_dsn(url: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(scheme="postgresql"))
+
+
+# --- The server ------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's high-water mark of resident memory (VmHWM), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def start_server(env: dict, port: int, workers: int) -> subprocess.Popen:
+    server = subprocess.Popen(
+        [
+            str(VENV_BIN / "gunicorn"),
+            "startsafe.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(workers),
+            "--worker-class",
+            "sync",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+    )
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code < 600:
+                return server
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    server.terminate()
+    raise SystemExit("gunicorn did not start")
+
+
+# --- Load --------------------------------------------------------------------------
+
+
+def wrk(script: str, base: str, duration: float, threads: int, conns: int, env: dict) -> dict:
+    command = [
+        "wrk",
+        f"-t{threads}",
+        f"-c{conns}",
+        f"-d{max(1, round(duration))}s",
+        "--timeout",
+        "10s",
+        "-s",
+        str(LUA / script),
+        base,
+    ]
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    match = re.search(r"^BENCH_JSON (.*)$", out, re.M)
+    if match is None:
+        raise SystemExit(f"wrk gave no summary:\n{out}")
+    result = json.loads(match.group(1))
+    result["rps"] = result["requests"] / (result["duration_us"] / 1e6)
+    return result
+
+
+def ensure_wrk() -> None:
+    if shutil.which("wrk"):
+        return
+    if os.geteuid() == 0:
+        subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=True)
+        return
+    raise SystemExit("make bench needs wrk: sudo apt-get install -y wrk")
+
+
+# --- The console and the sweep (in-process / in a fresh process) ----------------
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def measure_console(seeded, repeat: int) -> list[dict]:
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    user_model = get_user_model()
+    operator, _ = user_model.objects.get_or_create(username="bench-operator")
+    group = Group.objects.filter(name="operators").first()
+    if group is not None:
+        operator.groups.add(group)
+    client = Client()
+    client.force_login(operator)
+    html = client.get("/").content.decode()
+    fingerprint = html.split("?fp=")[1].split('"')[0] if "?fp=" in html else ""
+    pages = [
+        ("queue", "/", {}),
+        ("queue poll, unchanged (htmx)", f"/?fp={fingerprint}", {"HX-Request": "true"}),
+        ("runs list", "/runs/", {}),
+        ("runs list, page 50", "/runs/?page=50", {}),
+        ("runs, filtered: interrupted", "/runs/?status=interrupted", {}),
+        ("runs, filtered: verdict blocked", "/runs/?verdict=blocked", {}),
+        ("runs, searched: 'task 4242'", "/runs/?q=task+4242", {}),
+        ("runs, filtered by agent + searched", "/runs/?agent=bench-agent-00&q=refund", {}),
+        ("run page (30 calls)", f"/runs/{seeded.detail_run}/", {}),
+        ("effect page (awaiting)", f"/effects/{seeded.detail_effect}/", {}),
+    ]
+    results = []
+    for name, path, headers in pages:
+        client.get(path, headers=headers)  # warm: templates compiled, caches filled
+        times, counts, status = [], set(), None
+        for _ in range(repeat):
+            with CaptureQueriesContext(connection) as ctx:
+                started = time.perf_counter()
+                response = client.get(path, headers=headers)
+                times.append((time.perf_counter() - started) * 1000)
+            counts.add(len(ctx))
+            status = response.status_code
+        results.append(
+            {
+                "page": name,
+                "path": path,
+                "status": status,
+                "p50_ms": statistics.median(times),
+                "p99_ms": percentile(times, 99),
+                "queries": sorted(counts),
+            }
+        )
+        log(f"  {name}: p50 {results[-1]['p50_ms']:.1f} ms, queries {sorted(counts)}")
+    return results
+
+
+def measure_sweep(env: dict, stale_fraction: float) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.sweep_once", str(stale_fraction)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    match = re.search(r"^BENCH_JSON (.*)$", out.stdout, re.M)
+    if match is None:
+        raise SystemExit(f"the sweep failed:\n{out.stdout}\n{out.stderr}")
+    return json.loads(match.group(1))
+
+
+# --- The report ----------------------------------------------------------------------
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem = int(Path("/proc/meminfo").read_text().split()[1]) // 1024 // 1024
+    import psycopg
+
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {mem} GiB RAM, {platform.system()} "
+        f"{platform.release()}, Python {platform.python_version()}, "
+        f"PostgreSQL {psycopg.pq.version() // 10000} (libpq)"
+    )
+
+
+def render(results: dict) -> str:
+    load = results["load"]
+    base = load["baseline"]
+    lines = [
+        f"Measured {results['date']} with `{results['command']}` "
+        f"(scale {results['scale']}: {results['seeded']['runs']:,} runs, "
+        f"{results['seeded']['effects']:,} effects, {results['seeded']['calls']:,} calls, "
+        f"{results['seeded']['awaiting']:,} awaiting approval; seeded in "
+        f"{results['seed_seconds']:.0f} s).",
+        "",
+        f"Machine: {results['machine']}. gunicorn {results['workers']} sync workers, "
+        f"wrk {results['wrk']}, {results['rounds']} interleaved rounds of "
+        f"{results['duration']:.0f} s per path (medians of the rounds).",
+        "",
+        "| path | req/s | ratio to baseline | p50 ms | p99 ms | p99 ratio |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    names = {
+        "baseline": "baseline: one row by primary key, no auth",
+        "poll": "poll `GET /api/v1/effects/{id}` → 200",
+        "poll304": "poll with `If-None-Match` → 304",
+        "write": "record a keyed call + complete it (requests)",
+    }
+    for key in ("baseline", "poll", "poll304", "write"):
+        row = load[key]
+        lines.append(
+            f"| {names[key]} | {row['rps']:,.0f} | {row['rps'] / base['rps']:.2f} | "
+            f"{row['p50_us'] / 1000:.1f} | {row['p99_us'] / 1000:.1f} | "
+            f"{row['p99_us'] / base['p99_us']:.2f} |"
+        )
+    write = load["write"]
+    lines += [
+        f"| … as record + complete pairs | {write['pairs_per_s']:,.0f} | "
+        f"{write['pairs_per_s'] / base['rps']:.2f} | | | |",
+        "",
+        f"Peak RSS of a web worker after the load: {results['web_rss_mb']:.0f} MiB "
+        f"(max of {results['workers']} workers).",
+        "",
+        "| console page (server time, in-process) | p50 ms | p99 ms | queries |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for page in results["console"]:
+        queries = ", ".join(str(q) for q in page["queries"])
+        lines.append(
+            f"| {page['page']} | {page['p50_ms']:.1f} | {page['p99_ms']:.1f} | {queries} |"
+        )
+    sweep = results["sweep"]
+    lines += [
+        "",
+        "| sweep | seconds | runs interrupted | peak RSS of the process |",
+        "| --- | ---: | ---: | ---: |",
+        f"| idle ({sweep['running']:,} running runs, none stale) | {sweep['idle_seconds']:.3f} "
+        f"| 0 | |",
+        f"| {sweep['stale']:,} stale of {sweep['running']:,} running | "
+        f"{sweep['stale_seconds']:.2f} | {sweep['interrupted']:,} | "
+        f"{sweep['peak_rss_mb']:.0f} MiB |",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(text: str) -> None:
+    current = REPORT.read_text() if REPORT.exists() else "# Performance\n\n"
+    block = f"{START}\n{text}\n{END}"
+    if START in current and END in current:
+        head, rest = current.split(START, 1)
+        current = head + block + rest.split(END, 1)[1]
+    else:
+        current = current.rstrip() + "\n\n" + block + "\n"
+    REPORT.write_text(current)
+
+
+# --- Main ----------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="1 = 100,000 running runs")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of each path")
+    parser.add_argument("--workers", type=int, default=4, help="gunicorn sync workers")
+    parser.add_argument("--connections", type=int, default=8, help="wrk connections (reads)")
+    parser.add_argument("--console-repeat", type=int, default=40)
+    parser.add_argument("--keep", action="store_true", help="keep the bench database")
+    parser.add_argument("--no-report", action="store_true", help="do not touch docs/")
+    args = parser.parse_args()
+
+    ensure_wrk()
+    url = os.environ.get("BENCH_DATABASE_URL") or os.environ.get("DATABASE_URL") or DEFAULT_URL
+    var_dir = Path(tempfile.mkdtemp(prefix="startsafe-bench-"))
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "DEBUG": "0",
+        "SECRET_KEY": "bench-" + uuid.uuid4().hex * 2,
+        "ALLOWED_HOSTS": "127.0.0.1,localhost,testserver",
+        "STARTSAFE_BENCH_BASELINE": "1",
+        # Counted as in production, but too high to refuse: the bench is one token.
+        "STARTSAFE_RATE_LIMIT": "1000000000/minute",
+        # The sweep's hand-offs and notifications must not reach a shared broker folder.
+        "STARTSAFE_VAR_DIR": str(var_dir),
+        "CELERY_BROKER_URL": "memory://",
+        "LOG_LEVEL": "WARNING",
+        "DJANGO_SETTINGS_MODULE": "startsafe.settings",
+        "PYTHONPATH": str(ROOT),
+    }
+    os.environ.update(env)
+    results: dict = {
+        "scale": args.scale,
+        "duration": args.duration,
+        "rounds": args.rounds,
+        "workers": args.workers,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": f"make bench BENCH_ARGS='--scale {args.scale:g}'"
+        if args.scale != 1
+        else "make bench",
+        "machine": machine(),
+    }
+    wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True)
+    results["wrk"] = (wrk_version.stdout + wrk_version.stderr).split()[1]
+
+    log(f"database {urlsplit(url).path.lstrip('/')}: recreate, migrate")
+    recreate_database(url)
+    server = None
+    try:
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        from bench.seed import BENCH_TOKEN, seed
+
+        log(f"seeding at scale {args.scale:g}")
+        started = time.monotonic()
+        seeded = seed(psycopg_dsn(url), args.scale, log=log)
+        results["seed_seconds"] = time.monotonic() - started
+        results["seeded"] = {
+            k: getattr(seeded, k) for k in ("runs", "effects", "calls", "awaiting", "unknown")
+        }
+        log(f"seeded in {results['seed_seconds']:.0f} s: {results['seeded']}")
+
+        port = free_port()
+        server = start_server(env, port, args.workers)
+        base = f"http://127.0.0.1:{port}"
+        import httpx
+
+        headers = {"Authorization": f"Bearer {BENCH_TOKEN}"}
+        targets = var_dir / "targets.txt"
+        with httpx.Client(base_url=base, headers=headers) as http, targets.open("w") as out:
+            for effect_id in seeded.poll_effects:
+                answer = http.get(f"/api/v1/effects/{effect_id}")
+                assert answer.status_code == 200, answer.text
+                out.write(f"{effect_id} {answer.headers['ETag']}\n")
+            first = seeded.poll_effects[0]
+            etag = http.get(f"/api/v1/effects/{first}").headers["ETag"]
+            assert (
+                http.get(f"/api/v1/effects/{first}", headers={"If-None-Match": etag}).status_code
+                == 304
+            )
+            assert http.get(f"/bench/baseline/{first}").status_code == 200
+            runs_file = var_dir / "runs.txt"
+            with runs_file.open("w") as runs_out:
+                for n in range(4):
+                    started_run = http.post(
+                        "/api/v1/runs",
+                        json={"run_key": f"bench-writer-{n}", "heartbeat_timeout": 86400},
+                    )
+                    assert started_run.status_code == 201, started_run.text
+                    runs_out.write(started_run.json()["run"]["id"] + "\n")
+        wrk_env = {
+            **env,
+            "BENCH_TOKEN": BENCH_TOKEN,
+            "BENCH_TARGETS": str(targets),
+            "BENCH_RUNS": str(runs_file),
+        }
+        plans = {
+            "baseline": ("read.lua", {"BENCH_MODE": "baseline"}, 2, args.connections),
+            "poll": ("read.lua", {"BENCH_MODE": "poll"}, 2, args.connections),
+            "poll304": ("read.lua", {"BENCH_MODE": "poll304"}, 2, args.connections),
+            "write": ("write.lua", {}, 4, 4),
+        }
+        log("warming up")
+        for name, (script, extra, threads, conns) in plans.items():
+            wrk(script, base, 2, threads, conns, {**wrk_env, **extra, "BENCH_STAMP": f"w{name}"})
+        rounds: dict[str, list[dict]] = {name: [] for name in plans}
+        for r in range(args.rounds):
+            for name, (script, extra, threads, conns) in plans.items():
+                stamp = f"{r}-{uuid.uuid4().hex[:6]}"
+                got = wrk(
+                    script,
+                    base,
+                    args.duration,
+                    threads,
+                    conns,
+                    {**wrk_env, **extra, "BENCH_STAMP": stamp},
+                )
+                if name == "write":
+                    got["pairs_per_s"] = got["completed"] / (got["duration_us"] / 1e6)
+                rounds[name].append(got)
+                log(
+                    f"  round {r + 1} {name}: {got['rps']:,.0f} req/s, p50 "
+                    f"{got['p50_us'] / 1000:.1f} ms, p99 {got['p99_us'] / 1000:.1f} ms, "
+                    f"errors {got['errors']}"
+                )
+        load = {}
+        for name, runs_of in rounds.items():
+            load[name] = {
+                key: statistics.median(r[key] for r in runs_of)
+                for key in runs_of[0]
+                if isinstance(runs_of[0][key], int | float)
+            }
+        results["load"] = load
+        results["web_rss_mb"] = max(peak_rss_mb(pid) for pid in children_of(server.pid))
+        server.terminate()
+        server.wait(timeout=30)
+        server = None
+
+        log("console pages")
+        results["console"] = measure_console(seeded, args.console_repeat)
+        from django.db import connections
+
+        connections.close_all()
+        log("sweep")
+        results["sweep"] = measure_sweep(env, 0.01)
+        log(f"  {results['sweep']}")
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
+        try:
+            from django.db import connections
+
+            for conn in connections.all():
+                conn.close()
+                if hasattr(conn, "close_pool"):
+                    conn.close_pool()
+        except Exception:  # noqa: BLE001 - cleaning up after a failure
+            pass
+        if not args.keep:
+            drop_database(url)
+            log("bench database dropped")
+        shutil.rmtree(var_dir, ignore_errors=True)
+
+    text = render(results)
+    print(text)
+    raw = ROOT / "var" / "bench" / f"results-{args.scale:g}.json"
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    raw.write_text(json.dumps(results, indent=2, default=str))
+    if not args.no_report:
+        write_report(text)
+        log(f"results written to {REPORT.relative_to(ROOT)} (raw: {raw.relative_to(ROOT)})")
+
+
+if __name__ == "__main__":
+    main()
