@@ -78,7 +78,11 @@ def parse_json(raw: str, name: str, *, object_only: bool = False) -> Any:
         raise InvalidRequest(f"{name} must be a JSON object ({{…}}).", {"fields": {name: "object"}})
     try:
         check_json_value(value)
-        size = len(canonical_json(value))
+        encoded = canonical_json(value)
+        # It must read back canonically too: 1e17 is a float here but an integer
+        # beyond ±(2^53−1) once stored, whose hash could never be recomputed.
+        canonical_json(json.loads(encoded))
+        size = len(encoded)
     except (ValueError, NotCanonicalizable, RecursionError) as exc:
         raise InvalidRequest(f"{name} {exc}.", {"fields": {name: str(exc)}}) from None
     if size > MAX_JSON_VALUE:

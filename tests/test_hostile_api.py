@@ -91,6 +91,12 @@ def test_a_hostile_body_is_refused_with_the_error_body_at_every_post(api, paths,
             }, (path, answer.code)
 
 
+@pytest.mark.parametrize("number", [b"1e17", b"9007199254740993", b"-9007199254740993.0"])
+def test_integers_beyond_2_53_are_invalid_request_however_written(api, number):
+    answer = api.post("/runs", raw=b'{"run_key": "t", "input": {"n": ' + number + b"}}")
+    assert answer.status == 400 and answer.code == "invalid_request"
+
+
 def test_ten_thousand_levels_of_nesting_are_invalid_request(api):
     answer = api.post("/runs", raw=HOSTILE["deep input"])
     assert answer.status == 400 and answer.code == "invalid_request"
