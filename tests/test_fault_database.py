@@ -36,7 +36,7 @@ from tests.fault_helpers import Gunicorn, database_url, wait_for
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(180),
-    pytest.mark.django_db(transaction=True, serialized_rollback=True),
+    pytest.mark.django_db(transaction=True),
 ]
 
 THREADS, CALLS = 8, 25

@@ -29,7 +29,7 @@ from tests.fault_helpers import Gunicorn
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(240),
-    pytest.mark.django_db(transaction=True, serialized_rollback=True),
+    pytest.mark.django_db(transaction=True),
 ]
 
 IDENTITIES, REPLICAS, CALLS = 50, 4, 20
@@ -101,7 +101,7 @@ def _agent_process(url: str, token: str, identity: int, replica: int, ledger: Le
         client.close()
 
 
-def test_200_agents_making_20_calls_each_at_once_execute_each_key_once(tmp_path, db):
+def test_200_agents_making_20_calls_each_at_once_execute_each_key_once(tmp_path, transactional_db):
     agents = []
     for i in range(IDENTITIES):
         agent = Agent(name=f"load-bot-{i}")
