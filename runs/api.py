@@ -15,8 +15,7 @@ from uuid import UUID
 
 from django.core.exceptions import RequestDataTooBig
 from django.db import DataError
-from django.http import Http404, HttpRequest, HttpResponse
-from django.utils import timezone
+from django.http import Http404, HttpRequest
 from ninja import Field, NinjaAPI, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
@@ -24,6 +23,7 @@ from ninja.security import HttpBearer
 
 from runs import lifecycle
 from runs.api_auth import agent_for_request, error_response
+from runs.api_poll import poll_response
 from runs.api_schemas import (
     AttemptIn,
     CallIn,
@@ -449,31 +449,21 @@ def record_call(request, run_id: UUID, payload: CallIn):
 # --- Effects ---------------------------------------------------------------------------
 
 
-def _etag(effect: Effect, action: str) -> str:
-    return f'"{effect.pk}.{effect.revision}.{action}"'
-
-
 @api.get(
     "/effects/{effect_id}",
     response={200: EffectActionOut, 304: None, **ERRORS},
     summary="The approval poll",
     tags=["effects"],
+    # The poll authenticates itself: the token and the effect are one query
+    # (runs/api_poll.py). The schema still shows the bearer token it requires.
+    auth=None,
+    openapi_extra={"security": [{"AgentToken": []}]},
 )
-def poll_effect(request, effect_id: UUID, response: HttpResponse):
+def poll_effect(request, effect_id: UUID):
     """One indexed lookup, no writes. The action is `claim`, `skip`, `wait`, `review` or
     `blocked` (never `execute`). Send the `ETag` back as `If-None-Match` to get `304`
     with no body while nothing changed."""
-    effect = Effect.objects.filter(pk=effect_id, agent=_agent(request)).first()
-    if effect is None:
-        raise Http404
-    action = lifecycle.action_for(effect, timezone.now())
-    etag = _etag(effect, action)
-    if request.headers.get("If-None-Match") == etag:
-        not_modified = HttpResponse(status=304)
-        not_modified["ETag"] = etag
-        return not_modified
-    response["ETag"] = etag
-    return {"effect": effect_dict(effect), "action": action}
+    return poll_response(request, effect_id)
 
 
 @api.get(
