@@ -25,6 +25,7 @@ from runs import lifecycle
 from runs.api_auth import agent_for_request, error_response
 from runs.api_poll import poll_response
 from runs.api_schemas import (
+    NO_NUL,
     AttemptIn,
     CallIn,
     ClaimIn,
@@ -261,7 +262,8 @@ def _page(queryset, limit: int, cursor: str | None, serialize):
 
 class RunFilters(Schema):
     status: Literal["running", "interrupted", "completed", "failed", "abandoned"] | None = None
-    run_key: str | None = None
+    # No U+0000: PostgreSQL cannot compare text with it, and no key contains one.
+    run_key: str | None = Field(None, pattern=NO_NUL)
     restart_ready: bool | None = None
     limit: int = Field(50, ge=1, le=200)
     cursor: str | None = Field(None, pattern=CURSOR_PATTERN)
@@ -283,8 +285,8 @@ class EffectFilters(Schema):
         ]
         | None
     ) = None
-    key: str | None = None
-    tool: str | None = None
+    key: str | None = Field(None, pattern=NO_NUL)
+    tool: str | None = Field(None, pattern=NO_NUL)
     limit: int = Field(50, ge=1, le=200)
     cursor: str | None = Field(None, pattern=CURSOR_PATTERN)
 
@@ -302,6 +304,79 @@ def _unknown_params(request, filters: type[Schema]):
     )
 
 
+# --- OpenAPI links ---------------------------------------------------------------------
+# How the answers feed the next requests (OpenAPI 3 "links"): a start's run id and
+# attempt number drive its heartbeat, calls and finish; a call's effect id drives
+# the poll, claim, complete and reconcile. Documentation for client authors, and
+# the map schemathesis' stateful tests walk (tests/test_api_stateful.py).
+
+_RUN_ID = {"run_id": "$response.body#/run/id"}
+_ATTEMPT = "$response.body#/attempt/number"
+
+
+def _links(status: int | tuple[int, ...], links: dict) -> dict:
+    statuses = status if isinstance(status, tuple) else (status,)
+    return {"responses": {str(code): {"links": links} for code in statuses}}
+
+
+START_LINKS = _links(
+    (200, 201),
+    {
+        "GetRun": {"operationId": "runs_api_get_run", "parameters": _RUN_ID},
+        "Heartbeat": {
+            "operationId": "runs_api_heartbeat",
+            "parameters": _RUN_ID,
+            "requestBody": {"attempt": _ATTEMPT},
+        },
+        "RecordCall": {
+            "operationId": "runs_api_record_call",
+            "parameters": _RUN_ID,
+            "requestBody": {
+                "attempt": _ATTEMPT,
+                "kind": "effect",
+                "tool": "send_email",
+                "key": "outlook:message:1",
+                "key_source": "provider",
+                "args": {"subject": "Hello"},
+            },
+        },
+        "Finish": {
+            "operationId": "runs_api_finish",
+            "parameters": _RUN_ID,
+            "requestBody": {"attempt": _ATTEMPT, "outcome": "completed"},
+        },
+        "ListEffectsOfRun": {
+            "operationId": "runs_api_list_effects",
+            "parameters": {"run_id": "$response.body#/run/id"},
+        },
+    },
+)
+
+_EFFECT_ID = {"effect_id": "$response.body#/effect/id"}
+_HOLDER = {"run_id": "$request.path.run_id", "attempt": "$request.body#/attempt"}
+CALL_LINKS = _links(
+    201,
+    {
+        "PollEffect": {"operationId": "runs_api_poll_effect", "parameters": _EFFECT_ID},
+        "ClaimEffect": {
+            "operationId": "runs_api_claim",
+            "parameters": _EFFECT_ID,
+            "requestBody": _HOLDER,
+        },
+        "CompleteEffect": {
+            "operationId": "runs_api_complete",
+            "parameters": _EFFECT_ID,
+            "requestBody": {**_HOLDER, "outcome": "done", "result": {"id": "sent-1"}},
+        },
+        "ReconcileEffect": {
+            "operationId": "runs_api_reconcile",
+            "parameters": _EFFECT_ID,
+            "requestBody": {**_HOLDER, "outcome": "done", "evidence": "found in sent items"},
+        },
+    },
+)
+
+
 # --- Runs ------------------------------------------------------------------------------
 
 
@@ -310,6 +385,7 @@ def _unknown_params(request, filters: type[Schema]):
     response={200: StartOut, 201: StartOut, **ERRORS},
     summary="Start a run, or start it again",
     tags=["runs"],
+    openapi_extra=START_LINKS,
 )
 def start_run(request, payload: StartIn):
     """A new `run_key` creates the run and attempt 1 (201). An existing one is a restart:
@@ -396,6 +472,7 @@ def finish(request, run_id: UUID, payload: FinishIn):
     response={201: RecordOut, **ERRORS},
     summary="Record a tool call before making it",
     tags=["runs"],
+    openapi_extra=CALL_LINKS,
 )
 def record_call(request, run_id: UUID, payload: CallIn):
     """Answers the action: `execute` (you hold the claim: perform `effect.args`, then
