@@ -49,6 +49,11 @@ def _conf(name: str):
 
 def notify_needs_person(run: Run, now: datetime, why: str) -> None:
     """A run waits for a person's decision (call it inside the event's transaction)."""
+    notify_needs_person_many([(run, why)], now)
+
+
+def notify_needs_person_many(runs: list[tuple[Run, str]], now: datetime) -> None:
+    """``notify_needs_person`` for many (run, why) pairs in one INSERT (the sweep's batches)."""
     Notification.objects.bulk_create(
         [
             Notification(
@@ -59,6 +64,7 @@ def notify_needs_person(run: Run, now: datetime, why: str) -> None:
                 due_at=now,
                 created_at=now,
             )
+            for run, why in runs
         ],
         ignore_conflicts=True,
     )

@@ -204,6 +204,13 @@ def test_a_broken_run_is_logged_pushed_back_and_does_not_stop_the_others(
 
     monkeypatch.setattr(sweep_module, "interrupt_stale_run", interrupt)
 
+    # The set-based batch fails as a whole on a bad row (here: made to fail), and the
+    # sweep falls back to one run at a time, where the bad row is isolated.
+    def batch(run_ids, now, report):
+        raise RuntimeError("a bad row in the batch")
+
+    monkeypatch.setattr(sweep_module, "interrupt_stale_runs", batch)
+
     report = sweep(now=later(6))
 
     assert report.interrupted == [str(fine.pk)]
