@@ -24,6 +24,7 @@ from ninja.security import HttpBearer
 from runs import lifecycle
 from runs.api_auth import agent_for_request, error_response
 from runs.api_poll import poll_response
+from runs.api_render import ORJSONRenderer
 from runs.api_schemas import (
     NO_NUL,
     AttemptIn,
@@ -95,6 +96,7 @@ api = NinjaAPI(
     ),
     auth=AgentToken(),
     parser=StrictJsonParser(),
+    renderer=ORJSONRenderer(),
     urls_namespace="api",
     docs_url="/docs",
     openapi_url="/openapi.json",

@@ -45,6 +45,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # /api/ requests skip CONSOLE_ONLY_MIDDLEWARE below (runs/api_middleware.py).
+    "runs.api_middleware.ApiMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files (console CSS, htmx, admin, API docs) served by the app itself.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -59,6 +61,17 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     # Idempotency-Key and the 1 MiB body limit of the agent API (runs/idempotency.py).
     "runs.idempotency.IdempotencyMiddleware",
+]
+
+# What a bearer-token JSON API never uses: the agent API's requests go through
+# MIDDLEWARE without these (a poll costs less; docs/performance.md).
+CONSOLE_ONLY_MIDDLEWARE = [
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
 ]
 
 ROOT_URLCONF = "startsafe.urls"
