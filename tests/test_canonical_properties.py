@@ -98,7 +98,6 @@ def test_every_object_in_the_canonical_form_has_its_keys_sorted_by_utf16(value):
 
     encoded = canonical_json(value)
     json.loads(encoded, object_pairs_hook=check)
-    assert b"\n" not in encoded and b": " not in encoded.replace(b'\\"', b"")
 
 
 @PROPERTY
