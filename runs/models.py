@@ -124,6 +124,9 @@ class Run(models.Model):
             ),
             # The runs page and GET /runs: an agent's runs, newest first, by status.
             models.Index(fields=["agent", "-created_at"], name="run_agent_created_idx"),
+            # The console's runs page unfiltered, newest first: without it every page
+            # (the first one too) sorted all runs (docs/performance.md).
+            models.Index(fields=["-created_at"], name="run_created_idx"),
             models.Index(fields=["status", "-created_at"], name="run_status_created_idx"),
         ]
 
@@ -311,6 +314,14 @@ class Effect(models.Model):
             # GET /effects and the verdict: an agent's effects, newest first.
             models.Index(fields=["agent", "-created_at"], name="effect_agent_created_idx"),
             models.Index(fields=["run", "key"], name="effect_run_key_idx"),
+            # The keyed policy's blocking rule (restart_verdict, the queue's reasons, the
+            # runs page's "blocked" filter): unkeyed effects that were started. Small,
+            # so PostgreSQL's hashed EXISTS over it no longer reads every effect.
+            models.Index(
+                fields=["run"],
+                name="effect_unkeyed_started_idx",
+                condition=Q(key__isnull=True, first_claimed_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
