@@ -119,6 +119,11 @@ def _database_settings() -> dict:
         raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
     if config["ENGINE"] == "django.db.backends.postgresql":
         options = config.setdefault("OPTIONS", {})
+        # No JIT: its compile time (100+ ms) is paid by any query the planner thinks
+        # costly, such as the runs page's counts over 100,000 runs, which then run
+        # in 40 ms without it (docs/performance.md). Behind PgBouncer, which refuses
+        # this startup option, set it on the role instead (docs/scaling.md).
+        options["options"] = " ".join(filter(None, [options.get("options"), "-c jit=off"]))
         if env_bool("DATABASE_POOL", True):
             # psycopg 3's pool; Django requires CONN_MAX_AGE = 0 with it.
             options["pool"] = {
