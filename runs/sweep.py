@@ -1,10 +1,14 @@
 """The sweep: find interrupted runs, settle what they left in flight, hand safe runs back.
 
-Each unit of work is claimed under its own row lock and re-checked, so the sweep is
+Each unit of work is claimed under its row locks and re-checked, so the sweep is
 safe to run twice and by several workers at once; the queries are set-based and
 their cost grows with the stale rows, not with all rows (partial indexes
 ``run_sweep_stale_idx``, ``effect_in_flight_timeout_idx``,
-``effect_awaiting_deadline_idx``).
+``effect_awaiting_deadline_idx``). Stale runs are interrupted in batches of
+``BATCH`` (``interrupt_stale_runs``: a fixed number of statements per batch, about
+1.5 ms per run at 100,000 running runs, docs/performance.md); a batch that fails
+is redone one run at a time (``interrupt_stale_run``), where a broken row is
+isolated and pushed back.
 """
 
 from __future__ import annotations
