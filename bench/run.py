@@ -249,7 +249,7 @@ def measure_sweep(env: dict, stale_fraction: float) -> dict:
 # --- The report ----------------------------------------------------------------------
 
 
-def machine() -> str:
+def machine(url: str) -> str:
     cpu = "unknown CPU"
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -258,10 +258,13 @@ def machine() -> str:
     mem = int(Path("/proc/meminfo").read_text().split()[1]) // 1024 // 1024
     import psycopg
 
+    admin, _ = _admin_dsn(url)
+    with psycopg.connect(admin) as conn:
+        server = conn.execute("SHOW server_version").fetchone()[0].split()[0]
     return (
         f"{os.cpu_count()} cores ({cpu}), {mem} GiB RAM, {platform.system()} "
-        f"{platform.release()}, Python {platform.python_version()}, "
-        f"PostgreSQL {psycopg.pq.version() // 10000} (libpq)"
+        f"{platform.release()}, Python {platform.python_version()}, PostgreSQL {server} "
+        "on the same machine"
     )
 
 
@@ -277,7 +280,9 @@ def render(results: dict) -> str:
         "",
         f"Machine: {results['machine']}. gunicorn {results['workers']} sync workers, "
         f"wrk {results['wrk']}, {results['rounds']} interleaved rounds of "
-        f"{results['duration']:.0f} s per path (medians of the rounds).",
+        f"{results['duration']:.0f} s per path (medians of the rounds). Load average of "
+        f"the machine after the load phase: {results['loadavg'][0]:.1f} (1 min), "
+        f"{results['loadavg'][1]:.1f} (5 min): other work shared the 2 cores.",
         "",
         "| path | req/s | ratio to baseline | p50 ms | p99 ms | p99 ratio |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
@@ -343,7 +348,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scale", type=float, default=1.0, help="1 = 100,000 running runs")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of each path")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of each path")
     parser.add_argument("--workers", type=int, default=4, help="gunicorn sync workers")
     parser.add_argument("--connections", type=int, default=8, help="wrk connections (reads)")
     parser.add_argument("--console-repeat", type=int, default=40)
@@ -380,7 +385,7 @@ def main() -> None:
         "command": f"make bench BENCH_ARGS='--scale {args.scale:g}'"
         if args.scale != 1
         else "make bench",
-        "machine": machine(),
+        "machine": machine(url),
     }
     wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True)
     results["wrk"] = (wrk_version.stdout + wrk_version.stderr).split()[1]
@@ -477,6 +482,7 @@ def main() -> None:
                 if isinstance(runs_of[0][key], int | float)
             }
         results["load"] = load
+        results["loadavg"] = os.getloadavg()
         results["web_rss_mb"] = max(peak_rss_mb(pid) for pid in children_of(server.pid))
         server.terminate()
         server.wait(timeout=30)
