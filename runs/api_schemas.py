@@ -128,6 +128,12 @@ def _not_whole(value: float) -> float:
 Text = Annotated[str, Field(pattern=NO_NUL), AfterValidator(_check_text)]
 Printable = Annotated[str, Field(pattern=PRINTABLE), AfterValidator(_check_printable)]
 
+# pydantic states a key pattern as `patternProperties`, which by itself lets any
+# other key through; closing the object to keys that do not match makes the schema
+# refuse a key with U+0000 exactly as the server does (schemathesis checks it).
+JsonKey = Annotated[str, Field(pattern=NO_NUL)]
+CLOSED_TO_OTHER_KEYS = Field(json_schema_extra={"additionalProperties": False})
+
 # Any JSON value PostgreSQL and RFC 8785 can hold: text without U+0000, integers
 # within ±(2^53−1), finite numbers. Recursive, so the schema documents it exactly.
 JsonValue = TypeAliasType(
@@ -143,11 +149,11 @@ JsonValue = TypeAliasType(
         StrictBool,
         None,
         list["JsonValue"],
-        dict[Annotated[str, Field(pattern=NO_NUL)], "JsonValue"],
+        Annotated[dict[JsonKey, "JsonValue"], CLOSED_TO_OTHER_KEYS],
     ],
 )
 JsonObject = Annotated[
-    dict[Annotated[str, Field(pattern=NO_NUL)], JsonValue], AfterValidator(_check_object)
+    dict[JsonKey, JsonValue], CLOSED_TO_OTHER_KEYS, AfterValidator(_check_object)
 ]
 RunKey = Annotated[
     str, Field(min_length=1, max_length=200, pattern=PRINTABLE), AfterValidator(_check_printable)

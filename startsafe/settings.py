@@ -118,6 +118,7 @@ def _database_settings() -> dict:
     except ValueError as exc:
         raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
     if config["ENGINE"] == "django.db.backends.postgresql":
+        config["ENGINE"] = "startsafe.postgresql"
         options = config.setdefault("OPTIONS", {})
         # No JIT: its compile time (100+ ms) is paid by any query the planner thinks
         # costly, such as the runs page's counts over 100,000 runs, which then run
@@ -134,7 +135,8 @@ def _database_settings() -> dict:
             config["CONN_MAX_AGE"] = 0
             # Check each connection as it leaves the pool: after a PostgreSQL restart
             # or a pg_terminate_backend, the pool's idle connections are dead, and
-            # without the check every one of them would fail one request with a 500.
+            # without the check each would fail a request with a 500. Our backend's
+            # check sweeps them all at the first dead one (startsafe/postgresql).
             config["CONN_HEALTH_CHECKS"] = True
         else:
             config["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
