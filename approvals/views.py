@@ -19,7 +19,8 @@ from approvals.decisions import can_decide
 from approvals.models import Approval
 from approvals.views_common import (
     HISTORY_PERMISSION,
-    QUEUE_LIMIT,
+    QUEUE_LIMITS,
+    QUEUE_MORE_LIMIT,
     _effect_for_user,
     _run_for_user,
     blocked_runs_filter,
@@ -77,16 +78,18 @@ def base_context(request: HttpRequest, **extra) -> dict:
 
 
 def queue_context(request: HttpRequest, fingerprint: str) -> dict:
+    more = request.GET.get("more") == "1"
+    limits = {name: QUEUE_MORE_LIMIT if more else n for name, n in QUEUE_LIMITS.items()}
     awaiting = list(
         Effect.objects.filter(status=EffectStatus.AWAITING_APPROVAL)
         .select_related("run", "agent")
-        .order_by("approval_expires_at", "created_at")[:QUEUE_LIMIT]
+        .order_by("approval_expires_at", "created_at")[: limits["awaiting"]]
     )
     stopped = list(
         needs_decision_runs()
         .select_related("agent")
         .annotate(attempt_count=attempt_count())
-        .order_by("-updated_at")[:QUEUE_LIMIT]
+        .order_by("-updated_at")[: limits["stopped"]]
     )
     reasons = verdict_reasons_for(stopped)
     for run in stopped:
@@ -94,7 +97,7 @@ def queue_context(request: HttpRequest, fingerprint: str) -> dict:
     unknown = list(
         Effect.objects.filter(status=EffectStatus.UNKNOWN)
         .select_related("run", "agent")
-        .order_by("-updated_at")[:QUEUE_LIMIT]
+        .order_by("-updated_at")[: limits["unknown"]]
     )
     user = request.user
     for effect in [*awaiting, *unknown]:
@@ -108,7 +111,16 @@ def queue_context(request: HttpRequest, fingerprint: str) -> dict:
         unknown=unknown,
         tools=tools,
         fingerprint=fingerprint,
-        queue_limit=QUEUE_LIMIT,
+        limits=limits,
+        more=more,
+        more_limit=QUEUE_MORE_LIMIT,
+        # Where each row's forms return without JavaScript: computed once, not
+        # once per form.
+        back_url=request.get_full_path(),
+        # Looked up by every row: present, so the template engine does not raise and
+        # log a missing variable hundreds of times per page.
+        error=None,
+        oob=False,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from approvals.views_common import needs_decision_runs
 from runs.lifecycle import record_call
 from runs.models import Effect, Run
 from tests.console_helpers import awaiting_campaign, failed_unkeyed_run, unknown_effect
@@ -32,7 +33,26 @@ def test_the_queue_makes_a_constant_number_of_queries(
     with django_assert_max_num_queries(16):
         response = client.get("/")
     assert response.status_code == 200
-    assert response.content.decode().count('class="item"') == 80 + 100 + 100  # lists capped at 100
+    # Each section capped (QUEUE_LIMITS): 50 nearest deadlines, 25 stopped runs, 25 unknown.
+    html = response.content.decode()
+    assert html.count('class="item"') == 50 + 25 + 25
+    assert "Showing the 50 nearest deadlines of 80." in html
+    assert 'href="/?more=1"' in html
+
+
+def test_show_more_lists_every_row_up_to_its_cap_at_the_same_query_count(
+    client, operator, many_runs, django_assert_max_num_queries
+):
+    client.force_login(operator)
+    stopped = needs_decision_runs().count()
+    unknown = Effect.objects.filter(status="unknown").count()
+    assert stopped > 25 and unknown > 25
+    with django_assert_max_num_queries(16):
+        response = client.get("/?more=1")
+    html = response.content.decode()
+    assert html.count('class="item"') == 80 + min(stopped, 200) + min(unknown, 200)
+    # The refresh keeps the long list, and the way back is offered.
+    assert "&amp;more=1" in html and 'href="/">Show fewer</a>' in html
 
 
 def test_an_unchanged_queue_poll_costs_the_fingerprint_only(
