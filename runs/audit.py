@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db.models.signals import post_save
+
 from runs.models import Agent, AuditEvent, Effect, Run
 
 
@@ -48,13 +50,58 @@ def record_event(
     note: str = "",
     data: dict | None = None,
 ) -> AuditEvent:
+    event = new_event(
+        actor,
+        verb,
+        at=at,
+        run=run,
+        effect=effect,
+        attempt_number=attempt_number,
+        old_status=old_status,
+        new_status=new_status,
+        note=note,
+        data=data,
+    )
+    event.save(force_insert=True)
+    return event
+
+
+def save_events(events: list[AuditEvent]) -> None:
+    """Insert several events in one statement, each logged as ``create()`` would."""
+    AuditEvent.objects.bulk_create(events)
+    for event in events:
+        # bulk_create sends no signal; the log line of every event hangs on it.
+        post_save.send(
+            sender=AuditEvent,
+            instance=event,
+            created=True,
+            update_fields=None,
+            raw=False,
+            using="default",
+        )
+
+
+def new_event(
+    actor: Actor,
+    verb: str,
+    *,
+    at: datetime,
+    run: Run | None = None,
+    effect: Effect | None = None,
+    attempt_number: int | None = None,
+    old_status: str = "",
+    new_status: str = "",
+    note: str = "",
+    data: dict | None = None,
+) -> AuditEvent:
+    """An audit event, not saved yet (``record_event`` or ``save_events`` saves it)."""
     if actor.agent is not None:
         agent_id = actor.agent.pk
     elif run is not None:
         agent_id = run.agent_id
     else:
         agent_id = effect.agent_id if effect is not None else None
-    return AuditEvent.objects.create(
+    return AuditEvent(
         at=at,
         actor=actor.label,
         actor_kind=actor.kind,

@@ -21,12 +21,11 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
-from django.db.models.signals import post_save
 from django.utils import timezone
 
 from approvals.models import record_task_run
 from approvals.notifications import notify_needs_person, notify_needs_person_many
-from runs.audit import SYSTEM, record_event
+from runs.audit import SYSTEM, record_event, save_events
 from runs.handoff import dispatch_due_handoffs, schedule_restart_handoff
 from runs.lifecycle import expire_if_past_deadline, make_unknown, set_run_status, stop_attempt
 from runs.models import (
@@ -299,16 +298,7 @@ def interrupt_stale_runs(run_ids: list, now: datetime, report: SweepReport) -> N
             schedule_restart_handoff(run, now)  # only runs with a restart_url: real work
         # In the same transaction: operators hear of it exactly when it is true.
         notify_needs_person_many(waiting, now)
-        AuditEvent.objects.bulk_create(events)
-        for audit_event in events:
-            post_save.send(
-                sender=AuditEvent,
-                instance=audit_event,
-                created=True,
-                update_fields=None,
-                raw=False,
-                using="default",
-            )
+        save_events(events)
     report.interrupted.extend(str(run.pk) for run in runs)
     report.restart_ready.extend(str(run.pk) for run in ready)
     report.needs_person.extend(str(run.pk) for run, _ in waiting)
