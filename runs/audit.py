@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import connection
 from django.db.models.signals import post_save
 
 from runs.models import Agent, AuditEvent, Effect, Run
@@ -66,9 +67,34 @@ def record_event(
     return event
 
 
+# From this many events on, PostgreSQL gets them by COPY: a sweep of 1,000 stale
+# runs writes 3,000, and one multi-row INSERT of them was a third of its time.
+COPY_FROM = 100
+_COPY_COLUMNS = (
+    "at",
+    "actor",
+    "actor_kind",
+    "verb",
+    "agent_id",
+    "run_id",
+    "attempt_number",
+    "effect_id",
+    "old_status",
+    "new_status",
+    "note",
+    "data",
+)
+
+
 def save_events(events: list[AuditEvent]) -> None:
-    """Insert several events in one statement, each logged as ``create()`` would."""
-    AuditEvent.objects.bulk_create(events)
+    """Insert several events at once (one statement), each logged as ``create()`` would.
+
+    The events get no primary key back when they go by COPY; nothing reads it.
+    """
+    if len(events) >= COPY_FROM and connection.vendor == "postgresql":
+        _copy_events(events)
+    else:
+        AuditEvent.objects.bulk_create(events)
     for event in events:
         # bulk_create sends no signal; the log line of every event hangs on it.
         post_save.send(
@@ -79,6 +105,17 @@ def save_events(events: list[AuditEvent]) -> None:
             raw=False,
             using="default",
         )
+
+
+def _copy_events(events: list[AuditEvent]) -> None:
+    from psycopg.types.json import Jsonb
+
+    sql = f"COPY {AuditEvent._meta.db_table} ({', '.join(_COPY_COLUMNS)}) FROM STDIN"
+    with connection.cursor() as cursor, cursor.cursor.copy(sql) as copy:
+        for event in events:
+            copy.write_row(
+                [*(getattr(event, column) for column in _COPY_COLUMNS[:-1]), Jsonb(event.data)]
+            )
 
 
 def new_event(

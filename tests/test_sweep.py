@@ -252,3 +252,31 @@ def test_the_schedule_runs_the_sweep_and_notifications_from_settings(settings):
     assert schedule["sweep"]["task"] == "runs.tasks.sweep"
     assert schedule["sweep"]["schedule"] == settings.STARTSAFE["SWEEP_INTERVAL"]
     assert schedule["notify"]["task"] == "approvals.tasks.notify"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_of_stale_runs_writes_every_audit_event_and_logs_each(agent, queued, caplog):
+    """40 stale runs with an effect in flight: 160 events, over the COPY threshold."""
+    from runs.audit import COPY_FROM
+
+    runs = [start_run(agent, f"batch-{i}", heartbeat_timeout=5, now=T0).run for i in range(40)]
+    effects = [_call_in_flight(agent, run, key=f"mail:{i}") for i, run in enumerate(runs)]
+    before = AuditEvent.objects.count()
+
+    caplog.clear()
+    with caplog.at_level("INFO", logger="startsafe.events"):
+        report = sweep(now=later(6))
+
+    assert sorted(report.interrupted) == sorted(str(run.pk) for run in runs)
+    written = AuditEvent.objects.count() - before
+    assert written == 4 * len(runs) >= COPY_FROM
+    for run, effect in zip(runs, effects, strict=True):
+        verbs = set(AuditEvent.objects.filter(run=run).values_list("verb", flat=True))
+        assert {"attempt_interrupted", "run_interrupted", "restart_ready"} <= verbs
+        unknown = AuditEvent.objects.get(effect=effect, verb="outcome_unknown")
+        assert (unknown.old_status, unknown.new_status) == ("in_flight", "unknown")
+        assert unknown.at == later(6)
+    ready = AuditEvent.objects.get(run=runs[0], verb="restart_ready")
+    assert ready.data["verdict"]["safe"] is True and ready.actor == "system"
+    logged = [r for r in caplog.records if r.name == "startsafe.events"]
+    assert len(logged) == written
