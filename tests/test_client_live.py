@@ -363,3 +363,29 @@ def test_a_lost_answer_to_a_completion_keeps_the_first_result(live_server, agent
 
     assert len(lose.lost) == 1 and ran == ["Once"]
     assert effect_now("outlook:message:m-15").result == {"sent": "Once"}
+
+
+def test_over_the_rate_limit_the_client_waits_retry_after_and_nothing_runs_twice(
+    live_server, agent, settings
+):
+    """A token limited to 4 requests a second makes ~14 requests: the 429s are waited
+    out (Retry-After, with the same Idempotency-Key) and each effect runs once."""
+    settings.STARTSAFE = {**settings.STARTSAFE, "RATE_LIMIT": "4/second"}
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        time.sleep(seconds)
+
+    client = ss.Client(live_server.url, agent.token, sleep=sleep, backoff=0.01, max_retries=8)
+    ran: list = []
+    send_reply = declare(client, ran)
+    with client.run("ticket-rate") as run:
+        for n in range(5):
+            run.call(send_reply, mid=f"m-{n}", subject=f"S{n}")
+
+    assert ran == [f"S{n}" for n in range(5)]
+    assert Effect.objects.filter(status="done").count() == 5
+    assert Call.objects.filter(run_id=run.id).count() == 5
+    # Refused at least once, and each wait was the server's advice (a whole second).
+    assert any(w >= 1 for w in waits)

@@ -178,6 +178,41 @@ def test_request_in_progress_is_raised_when_retries_run_out():
         client.post("/runs", {"run_key": "t"})
 
 
+def rate_limited(retry_after: int) -> httpx.Response:
+    answer = error(429, "rate_limited", limit=600, period=60, retry_after=retry_after)
+    answer.headers["Retry-After"] = str(retry_after)
+    return answer
+
+
+def test_a_429_is_retried_after_the_servers_retry_after_with_the_same_key():
+    script = Script(rate_limited(7), httpx.Response(201, json={"ok": True}))
+    client, slept = make_client(script, backoff=0.1, backoff_max=30)
+
+    assert client.post("/runs", {"run_key": "t"}) == {"ok": True}
+    assert script.keys[0] == script.keys[1]
+    # Retry-After, not the 0.1 s back-off: coming back sooner would be refused again.
+    assert slept == [7.0]
+
+
+def test_a_429_wait_is_capped_by_backoff_max():
+    script = Script(rate_limited(3600), httpx.Response(200, json={"ok": True}))
+    client, slept = make_client(script, backoff_max=5)
+
+    client.get("/runs")
+    assert slept == [5.0]
+
+
+def test_rate_limited_is_raised_with_the_advice_when_retries_run_out():
+    script = Script(*[rate_limited(2)] * 3)
+    client, slept = make_client(script, max_retries=2, backoff=0.01)
+
+    with pytest.raises(ss.RateLimited) as raised:
+        client.post("/runs", {"run_key": "t"})
+    assert raised.value.retry_after == 2.0 and raised.value.status == 429
+    assert slept == [2.0, 2.0]
+    assert len(set(script.keys)) == 1
+
+
 @pytest.mark.parametrize(
     ("status", "code", "cls"),
     [

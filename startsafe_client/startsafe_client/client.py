@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
-from .errors import RequestInProgress, ServiceUnavailable, StartsafeError, error_from_answer
+from .errors import (
+    RateLimited,
+    RequestInProgress,
+    ServiceUnavailable,
+    StartsafeError,
+    error_from_answer,
+)
 from .keys import Key
 
 if TYPE_CHECKING:
@@ -223,16 +229,21 @@ class Client:
            uuid4) that every retry repeats.
         2. A network error or a 5xx is retried after an exponential back-off, as is a
            ``409 request_in_progress`` (the first try is still being processed).
-        3. Any other 4xx raises its typed exception at once; retries running out
-           raise :class:`ServiceUnavailable` (or :class:`RequestInProgress`).
+        3. A ``429 rate_limited`` is retried after the server's ``Retry-After``
+           (capped at ``backoff_max``, never shorter than the back-off).
+        4. Any other 4xx raises its typed exception at once; retries running out
+           raise :class:`ServiceUnavailable` (or :class:`RequestInProgress`,
+           :class:`RateLimited`).
         """
         all_headers = dict(headers or {})
         if method.upper() == "POST":
             all_headers["Idempotency-Key"] = idempotency_key or str(uuid.uuid4())
         last_error: StartsafeError | None = None
+        wait_at_least = 0.0  # the server's Retry-After, when it gave one
         for retry in range(self.max_retries + 1):
             if retry:
-                self.sleep(self._delay(retry - 1))
+                self.sleep(max(self._delay(retry - 1), wait_at_least))
+                wait_at_least = 0.0
             try:
                 response = self._http.request(
                     method, path, json=json, params=params, headers=all_headers
@@ -252,6 +263,10 @@ class Client:
             if response.status_code >= 400:
                 error = error_from_answer(response.status_code, _json_or_text(response))
                 if isinstance(error, RequestInProgress):
+                    last_error = error
+                    continue
+                if isinstance(error, RateLimited):
+                    wait_at_least = min(self.backoff_max, _retry_after(response))
                     last_error = error
                     continue
                 raise error
@@ -393,6 +408,14 @@ class Client:
             agent_version=agent_version,
             supersede=supersede,
         )
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """The ``Retry-After`` seconds of an answer (0 when absent or an HTTP date)."""
+    try:
+        return max(0.0, float(response.headers.get("Retry-After", "0")))
+    except ValueError:
+        return 0.0
 
 
 def _json_or_text(response: httpx.Response) -> Any:

@@ -182,6 +182,21 @@ class PayloadTooLarge(StartsafeError):
     code = "payload_too_large"
 
 
+class RateLimited(StartsafeError):
+    """429: this token made too many requests in the server's window.
+
+    The client waits ``Retry-After`` seconds and retries by itself; this is raised
+    only once its retries ran out. ``retry_after`` is the server's last advice.
+    """
+
+    code = "rate_limited"
+
+    @property
+    def retry_after(self) -> float | None:
+        value = self.details.get("retry_after")
+        return float(value) if isinstance(value, (int, float)) else None
+
+
 class ServiceUnavailable(StartsafeError):
     """Network errors or 5xx answers outlasted the retries (``status`` is the last 5xx)."""
 
@@ -203,6 +218,7 @@ ERRORS_BY_CODE: dict[str, type[StartsafeError]] = {
         RequestInProgress,
         IdempotencyKeyReused,
         PayloadTooLarge,
+        RateLimited,
     )
 }
 
