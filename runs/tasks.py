@@ -8,9 +8,13 @@ plain functions do not rely on that: their rows (the hand-off outbox, the runs'
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from celery import shared_task
+from django.conf import settings
 
 from runs.handoff import deliver_restart_handoff as deliver_once
+from runs.prune import prune_finished_runs
 from runs.sweep import sweep as run_sweep
 
 
@@ -25,3 +29,13 @@ def deliver_restart_handoff(run_id: str, attempt: int) -> str:
     """One try of a hand-off. A failed try is not retried here: the row's back-off
     makes it due again and the sweep queues it, so retries survive a lost message."""
     return deliver_once(run_id, attempt)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def prune() -> str:
+    """Retention on the schedule: ``manage.py prune --older-than`` with the setting's
+    days (``STARTSAFE_PRUNE_OLDER_THAN_DAYS``); runs twice, prunes once."""
+    days = settings.STARTSAFE["PRUNE_OLDER_THAN_DAYS"]
+    if days is None:
+        return "retention is off (STARTSAFE_PRUNE_OLDER_THAN_DAYS is not set)"
+    return "; ".join(prune_finished_runs(timedelta(days=days)).lines())

@@ -38,8 +38,8 @@ def env_bool(name: str, default: bool) -> bool:
 
 
 def env_int(
-    name: str, default: int, *, minimum: int | None = None, maximum: int | None = None
-) -> int:
+    name: str, default: int | None, *, minimum: int | None = None, maximum: int | None = None
+) -> int | None:
     value = os.environ.get(name)
     if value is None or value.strip() == "":
         return default

@@ -301,6 +301,10 @@ STARTSAFE = {
     "NOTIFY_DEADLINE_WARNING": env_int("STARTSAFE_NOTIFY_DEADLINE_WARNING", 3600, minimum=0),
     # How far back the audit log is read for effects that started awaiting approval.
     "NOTIFY_LOOKBACK": env_int("STARTSAFE_NOTIFY_LOOKBACK", 900, minimum=60),
+    # Retention on the schedule (once a day): finished runs unchanged for this many
+    # days are pruned, their keys kept as tombstones. Unset: nothing is deleted
+    # unless someone runs `manage.py prune`.
+    "PRUNE_OLDER_THAN_DAYS": env_int("STARTSAFE_PRUNE_OLDER_THAN_DAYS", None, minimum=1),
     # Seconds one sender holds its claim on a batch before another may take over.
     "NOTIFY_LEASE": env_int("STARTSAFE_NOTIFY_LEASE", 120, minimum=5),
     "NOTIFY_MAX_TRIES": env_int("STARTSAFE_NOTIFY_MAX_TRIES", 10, minimum=1),
@@ -343,3 +347,9 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": max(STARTSAFE["NOTIFY_INTERVAL"], 5.0)},
     },
 }
+if STARTSAFE["PRUNE_OLDER_THAN_DAYS"] is not None:
+    CELERY_BEAT_SCHEDULE["prune"] = {
+        "task": "runs.tasks.prune",
+        "schedule": 86_400.0,
+        "options": {"expires": 3_600.0},
+    }

@@ -278,3 +278,41 @@ def test_the_command_prints_what_it_did_and_a_dry_run_changes_nothing(agent):
 def test_the_command_refuses_a_negative_age():
     with pytest.raises(CommandError):
         call_command("prune", "--older-than", "-1", stdout=StringIO())
+
+
+def test_the_scheduled_prune_uses_the_setting_and_is_off_without_it(agent, settings):
+    from runs.tasks import prune
+
+    old_run, _ = _done_run(agent, "ticket-old")
+    recent_run, _ = _done_run(agent, "ticket-recent", key="k:recent", at=timezone.now())
+
+    settings.STARTSAFE = {**settings.STARTSAFE, "PRUNE_OLDER_THAN_DAYS": None}
+    assert "off" in prune()
+    assert Run.objects.filter(pk=old_run.pk).exists()
+
+    settings.STARTSAFE = {**settings.STARTSAFE, "PRUNE_OLDER_THAN_DAYS": 30}
+    said = prune()
+    assert not Run.objects.filter(pk=old_run.pk).exists()
+    assert Run.objects.filter(pk=recent_run.pk).exists()
+    assert KeyTombstone.objects.filter(agent=agent, key=KEY).exists()
+    assert "1" in said
+    # Twice is safe: the second run finds nothing more to prune.
+    prune()
+    assert Run.objects.filter(pk=recent_run.pk).exists()
+
+
+def test_the_schedule_has_the_prune_only_when_retention_is_set(monkeypatch):
+    import importlib
+
+    import startsafe.settings as settings_module
+
+    try:
+        monkeypatch.delenv("STARTSAFE_PRUNE_OLDER_THAN_DAYS", raising=False)
+        assert "prune" not in importlib.reload(settings_module).CELERY_BEAT_SCHEDULE
+        monkeypatch.setenv("STARTSAFE_PRUNE_OLDER_THAN_DAYS", "90")
+        reloaded = importlib.reload(settings_module)
+        assert reloaded.STARTSAFE["PRUNE_OLDER_THAN_DAYS"] == 90
+        assert reloaded.CELERY_BEAT_SCHEDULE["prune"]["task"] == "runs.tasks.prune"
+    finally:
+        monkeypatch.delenv("STARTSAFE_PRUNE_OLDER_THAN_DAYS", raising=False)
+        importlib.reload(settings_module)
