@@ -211,7 +211,10 @@ def mark_done(request: HttpRequest, effect_id) -> HttpResponse:
         effect_id,
         read_form=lambda r: {
             "note": required_text(r, "note"),
-            "result": optional_json(r, "result"),
+            # An effect's result is a JSON object everywhere (api.md: complete and
+            # reconcile take "result"? (object); the Effect schema says object), so
+            # the agent that skips it gets what a tool would have returned.
+            "result": optional_json(r, "result", object_only=True),
         },
         decide=decisions.mark_effect_done,
         done=lambda e: f"Marked {e.tool} done.",

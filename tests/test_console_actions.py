@@ -231,6 +231,20 @@ def test_invalid_result_json_is_400(client, operator, agent):
     assert response.status_code == 400
 
 
+@pytest.mark.parametrize("raw", ['"sent"', "[1, 2]", "3", "true", "null"])
+def test_a_result_that_is_not_a_json_object_is_400(client, operator, agent, raw):
+    # A result is an object everywhere (api.md: complete and reconcile; the Effect
+    # schema): an agent skipping the effect must get what a tool would have returned.
+    effect = unknown_effect(agent)
+    client.force_login(operator)
+    form = {"args_hash": effect.args_hash, "note": "sent", "result": raw}
+    response = post(client, "mark-done", effect.pk, form)
+    assert response.status_code == 400
+    effect.refresh_from_db()
+    assert (effect.status, effect.result) == (EffectStatus.UNKNOWN, None)
+    assert not events(effect, "marked_done").exists()
+
+
 @pytest.mark.parametrize("action", ["approve", "reject", "mark-done", "release"])
 def test_an_unknown_effect_id_is_404(client, operator, action):
     client.force_login(operator)
