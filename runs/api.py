@@ -116,26 +116,100 @@ ERRORS = {
 # --- Errors: one place ---------------------------------------------------------------
 
 
-def _fields_of(errors: list[dict]) -> dict[str, str]:
-    fields: dict[str, str] = {}
+# What pydantic says when a value is merely of another type than one union member
+# wanted: the least useful message when another member says what is really wrong.
+_TYPE_MISMATCHES = frozenset(
+    {
+        "string_type",
+        "int_type",
+        "float_type",
+        "bool_type",
+        "list_type",
+        "dict_type",
+        "none_required",
+        "model_type",
+        "model_attributes_type",
+    }
+)
+
+
+def _request_json(request) -> object:
+    try:
+        return json.loads(request.body)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _has_part(value: object, part: object) -> bool:
+    if isinstance(value, dict):
+        return isinstance(part, str) and part in value
+    if isinstance(value, list):
+        return isinstance(part, int) and 0 <= part < len(value)
+    return False
+
+
+def _field_path(error: dict, body: object) -> list[str]:
+    """The error's place in the request, as the client wrote it.
+
+    pydantic's ``loc`` mixes the request's own keys with its schema's names: ninja's
+    ``body``/``payload``/``query``/``filters``, the call's discriminator (``effect``),
+    and the members of the JSON value union (``constrained-str``, ``dict[...]``). A
+    part is kept when the request has it at that place (walking the parsed body),
+    so a client's key named ``effect`` or ``bool`` is kept and a schema name is not.
+    """
+    loc = list(error.get("loc", ()))
+    if loc[:1] == ["query"]:
+        return [str(part) for part in loc[1:] if part != "filters"]
+    if loc[:2] == ["body", "payload"]:
+        loc = loc[2:]
+    kind = body.get("kind") if isinstance(body, dict) else None
+    if loc and loc[0] in ("read", "effect") and loc[0] == kind:
+        loc = loc[1:]  # the discriminated union's tag
+    if error.get("type") in ("union_tag_invalid", "union_tag_not_found"):
+        discriminator = str((error.get("ctx") or {}).get("discriminator", "kind")).strip("'")
+        loc = [*loc, discriminator]
+    path: list[str] = []
+    value = body
+    for index, part in enumerate(loc):
+        if _has_part(value, part):
+            value = value[part]
+        elif index == len(loc) - 1 and error.get("type") in ("missing", "union_tag_not_found"):
+            value = None  # a field the request lacks: still the request's own name
+        else:
+            continue  # a name of the schema, not of the request
+        path.append(str(part))
+    return path
+
+
+def _fields_of(errors: list[dict], body: object = None) -> dict[str, str]:
+    """``details.fields``: each request field that is wrong, and what is wrong with it.
+
+    Keyed by the field's name in the request (``input``, ``args``, ``limit``); a
+    place inside a JSON value is named in the message (``input.a: ...``).
+    """
+    chosen: dict[str, tuple[bool, str]] = {}
     for error in errors:
-        # Drop ninja's wrappers and the call's discriminator ("effect.tool" → "tool").
-        loc = [
-            str(part)
-            for part in error.get("loc", ())
-            if part not in ("body", "payload", "query", "filters", "read", "effect")
-        ]
-        name = ".".join(loc) or "body"
-        fields.setdefault(name, error.get("msg", "is invalid"))
-    return fields
+        path = _field_path(error, body)
+        name = path[0] if path else "body"
+        message = str(error.get("msg", "is invalid"))
+        if len(path) > 1:
+            message = ".".join(path) + ": " + message
+        mismatch = error.get("type") in _TYPE_MISMATCHES
+        if name not in chosen or (chosen[name][0] and not mismatch):
+            chosen[name] = (mismatch, message)
+    return {name: message for name, (_, message) in chosen.items()}
 
 
 @api.exception_handler(ValidationError)
 def _validation_error(request, exc: ValidationError):
     errors = list(exc.errors)
     if any(str(e.get("loc", ("",))[0]) == "path" for e in errors):
+        if agent_for_request(request) is None:
+            # The poll authenticates itself after validation: no token is still 401.
+            return _unauthorized(request, exc)
         # A malformed id names no object, exactly like an unknown one.
         return error_response(404, "not_found", "No such object for this agent.")
+    body = _request_json(request) if request.method == "POST" else None
     for error in errors:
         cause = (error.get("ctx") or {}).get("error")
         if isinstance(cause, PayloadTooLarge) or "over the 256 KiB limit" in str(error.get("msg")):
@@ -143,13 +217,13 @@ def _validation_error(request, exc: ValidationError):
                 413,
                 "payload_too_large",
                 "A JSON value is over its 256 KiB limit as canonical JSON.",
-                {"fields": _fields_of([error])},
+                {"fields": _fields_of([error], body)},
             )
     return error_response(
         400,
         "invalid_request",
         "The request is not valid: see details.fields.",
-        {"fields": _fields_of(errors)},
+        {"fields": _fields_of(errors, body)},
     )
 
 
@@ -173,7 +247,12 @@ def _journal_error(request, exc: JournalError):
 @api.exception_handler(HttpError)
 def _http_error(request, exc: HttpError):
     if exc.status_code == 400:
-        return error_response(400, "invalid_request", "The body is not valid UTF-8 JSON.", {})
+        return error_response(
+            400,
+            "invalid_request",
+            "The body is not valid UTF-8 JSON.",
+            {"fields": {"body": "is not valid UTF-8 JSON"}},
+        )
     code = {401: "unauthorized", 404: "not_found", 413: "payload_too_large"}.get(
         exc.status_code, "invalid_request"
     )
@@ -194,7 +273,12 @@ def _too_big(request, exc):
 def _data_error(request, exc):
     # The last line of defence: a value PostgreSQL refused is the client's input.
     logger.warning("database refused a value: %s", exc)
-    return error_response(400, "invalid_request", "A value cannot be stored.", {})
+    return error_response(
+        400,
+        "invalid_request",
+        "A value cannot be stored.",
+        {"fields": {"body": "has a value the database cannot store"}},
+    )
 
 
 @api.exception_handler(Exception)

@@ -88,7 +88,7 @@ def test_wrong_fields_are_named_in_details_fields(api, body, field):
     [
         ({"tool": "bad tool!"}, "tool"),
         ({"tool": "x" * 101}, "tool"),
-        ({"kind": "write"}, "body"),
+        ({"kind": "write"}, "kind"),
         ({"needs_aproval": True}, "needs_aproval"),
         ({"key": "k" * 256, "key_source": "intent"}, "key"),
         ({"key": "k", "key_source": "model"}, "key_source"),
@@ -172,3 +172,64 @@ def test_the_openapi_schema_and_docs_are_served():
     ]:
         assert path in paths
     assert client.get("/api/v1/docs").status_code == 200
+
+
+def test_an_unknown_address_and_method_answer_the_error_body(api):
+    from django.test import Client
+
+    headers = {"Authorization": f"Bearer {api.token}"}
+    for path in ["/api/v1/nothing", "/api/v1/runs/", "/api/v1/runs/x/y/z"]:
+        answer = Client().get(path, headers=headers)
+        assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found"
+    answer = Client().delete("/api/v1/runs", headers=headers)
+    assert answer.status_code == 405 and answer.json()["error"]["code"] == "method_not_allowed"
+    assert "POST" in answer["Allow"]
+    # The console's own pages keep their HTML.
+    assert "json" not in Client().get("/no-such-page")["Content-Type"]
+
+
+def test_a_poll_without_a_token_is_unauthorized_whatever_the_id():
+    for path in ["/effects/not-a-uuid", "/effects/00000000-0000-0000-0000-000000000000"]:
+        answer = Api(None).get(path)
+        assert answer.status == 401 and answer.code == "unauthorized"
+        assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_malformed_json_names_the_body_in_details_fields(api):
+    answer = api.post("/runs", raw=b"{not json")
+    assert answer.body["error"]["details"]["fields"] == {"body": "is not valid UTF-8 JSON"}
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "place"),
+    [
+        ({"run_key": "t", "input": {"a": 2**60}}, "input", "input.a"),
+        ({"run_key": "t", "input": {"a": [1, {"b": "nul\u0000"}]}}, "input", "input.a.1.b"),
+    ],
+)
+def test_a_wrong_value_inside_a_json_field_names_that_field(api, body, field, place):
+    """Keyed by the request's field; the place inside it in the message, and none of
+    the schema's own names (union members such as ``constrained-str``)."""
+    answer = api.post("/runs", raw=json.dumps(body).encode())
+    assert answer.status == 400
+    fields = answer.body["error"]["details"]["fields"]
+    assert list(fields) == [field]
+    assert fields[field].startswith(place + ": ")
+    assert "constrained" not in fields[field] and "[" not in fields[field].split(":")[0]
+
+
+@pytest.mark.parametrize("kind", [None, "write", 5])
+def test_a_missing_or_unknown_kind_names_kind(api, kind):
+    run_id = api.start("t").body["run"]["id"]
+    body = {"attempt": 1, "tool": "reply", "args": {}}
+    if kind is not None:
+        body["kind"] = kind
+    answer = api.post(f"/runs/{run_id}/calls", body)
+    assert answer.status == 400 and list(answer.body["error"]["details"]["fields"]) == ["kind"]
+
+
+def test_a_client_key_named_like_a_schema_part_is_kept(api):
+    run_id = api.start("t").body["run"]["id"]
+    body = {"attempt": 1, "tool": "reply", "kind": "effect", "args": {"effect": 2**60}}
+    answer = api.post(f"/runs/{run_id}/calls", body)
+    assert answer.body["error"]["details"]["fields"]["args"].startswith("args.effect: ")
