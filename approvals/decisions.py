@@ -239,6 +239,9 @@ def mark_effect_done(
         effect.decision = _decision("marked_done", actor, now, note, effect.args_hash)
         if result is not None:
             effect.result = result
+        # Done is the outcome now; the failure a failed effect had stays in its
+        # audit trail (as a retry's claim clears it too).
+        effect.error = None
         effect.timeout_at = None
         save_effect(
             effect,

@@ -298,7 +298,9 @@ def test_mark_done_settles_an_effect_with_the_note_and_result(agent, operator, s
             approve_effect(operator, effect.pk, args_hash=effect.args_hash)
     elif status == "failed":
         effect = send(agent, run).effect
-        complete_effect(agent, effect.pk, run_id=run.pk, attempt=1, outcome="failed")
+        complete_effect(
+            agent, effect.pk, run_id=run.pk, attempt=1, outcome="failed", error="smtp 421"
+        )
     effect.refresh_from_db()
     assert effect.status == status
 
@@ -311,6 +313,10 @@ def test_mark_done_settles_an_effect_with_the_note_and_result(agent, operator, s
     assert effect.result == {"n": 1}
     assert effect.decision["note"] == "sent by hand"
     assert transitions(effect)[-1] == (status, "done")
+    # Done is its outcome: no failure shown with it (the failure stays in the audit log).
+    assert effect.error is None
+    if status == "failed":
+        assert AuditEvent.objects.filter(effect=effect, verb="completed", note="smtp 421").exists()
 
 
 def test_an_effect_in_flight_cannot_be_marked_done(agent, operator):
