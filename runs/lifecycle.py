@@ -439,8 +439,11 @@ def start_run(
                     )
                 return Started(run, attempt, restart_verdict(run), created=True)
             except IntegrityError:
-                # Another first start of this run_key won the insert.
+                # Another first start of this run_key won the insert. To this request
+                # the key was new, so its supersede is ignored (api.md): it gets
+                # already_running, and never supersedes the winner's first attempt.
                 run = Run.objects.select_for_update().get(agent=agent, run_key=run_key)
+                supersede = None
         outcome = _restart_locked(run, supersede, agent_version, actor, now)
     if isinstance(outcome, Verdict):
         raise RestartBlocked(

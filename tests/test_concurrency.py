@@ -96,6 +96,40 @@ def test_concurrent_first_starts_of_one_run_key_create_one_run(agent):
     assert Attempt.objects.filter(run__run_key="new-key").count() == 1
 
 
+def test_a_first_start_that_loses_the_insert_ignores_its_supersede(agent):
+    """api.md: on a new run_key ``supersede`` is ignored, and the other first starts
+    get ``already_running``. The loser must not supersede the winner's attempt 1.
+
+    The winner's insert is held uncommitted (this thread's transaction) while the
+    other start runs: it finds no run, its insert waits on the unique index, then
+    fails when the winner commits: the losing path, every time.
+    """
+    from django.db import transaction
+
+    outcome: list = []
+
+    def loser() -> None:
+        try:
+            outcome.append(start_run(agent, "raced-key", supersede=1))
+        except Exception as exc:  # the answer under test is an error
+            outcome.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=loser)
+    with transaction.atomic():
+        winner = start_run(agent, "raced-key")
+        thread.start()
+        thread.join(timeout=1)  # it is now waiting on our uncommitted row
+        assert thread.is_alive()
+    thread.join(timeout=30)
+
+    assert winner.created is True
+    assert len(outcome) == 1 and isinstance(outcome[0], AlreadyRunning), outcome
+    attempts = Attempt.objects.filter(run__run_key="raced-key")
+    assert [(a.number, a.status) for a in attempts] == [(1, AttemptStatus.RUNNING)]
+
+
 def test_an_approval_racing_a_rewriting_replay_never_approves_unseen_content(agent, operator):
     run = start(agent).run
     for round_number in range(8):
