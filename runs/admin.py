@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.db import models
 from django.utils import timezone
 
 from runs.models import Agent, Attempt, AuditEvent, Call, Effect, EffectVersion, Run
@@ -81,6 +82,9 @@ class RunAdmin(ReadOnlyAdmin):
     list_filter = ["status", "restart_policy", "agent"]
     search_fields = ["run_key", "title"]
     inlines = [AttemptInline]
+    # Read-only, but Django still builds the form: say the scheme its URL field
+    # assumes (http is a deprecated default in Django 6.0, and restart URLs have one).
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
 
 @admin.register(Attempt)
