@@ -1,4 +1,5 @@
-"""The agent API v1 (api.md): django-ninja over the journal's rules in ``runs/lifecycle.py``.
+"""The agent API v1 (api.md): django-ninja over the journal's rules in ``runs/lifecycle.py``,
+``runs/calls.py`` and ``runs/outcomes.py``.
 
 One auth class sets the agent; one place turns every failure into the contract's
 error body (``_error_handlers``); the endpoints are thin: validate (schemas), call a
@@ -21,7 +22,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
 from ninja.security import HttpBearer
 
-from runs import lifecycle
+from runs import calls, lifecycle, outcomes
 from runs.api_auth import agent_for_request, error_response
 from runs.api_poll import poll_response
 from runs.api_render import ORJSONRenderer
@@ -568,7 +569,7 @@ def record_call(request, run_id: UUID, payload: CallIn):
     `preview`; later calls cannot change them. `approvals_required` above 1 needs
     `needs_approval`. The same key for another tool is `409 key_conflict`."""
     if payload.kind == "read":
-        recorded = lifecycle.record_call(
+        recorded = calls.record_call(
             _agent(request),
             run_id,
             attempt=payload.attempt,
@@ -584,7 +585,7 @@ def record_call(request, run_id: UUID, payload: CallIn):
                 "key_source is required with key.",
                 {"fields": {"key_source": "required with key"}},
             )
-        recorded = lifecycle.record_call(
+        recorded = calls.record_call(
             _agent(request),
             run_id,
             attempt=payload.attempt,
@@ -662,7 +663,7 @@ def claim(request, effect_id: UUID, payload: ClaimIn):
     """The run must have recorded a call to the effect (else `claim_conflict`) and the
     attempt must be running (else `attempt_superseded`). A `pending`, `approved` or
     `failed` effect is claimed (`execute`); otherwise the current action is returned."""
-    effect, action = lifecycle.claim_effect(
+    effect, action = outcomes.claim_effect(
         _agent(request), effect_id, run_id=payload.run_id, attempt=payload.attempt
     )
     return {"effect": effect_dict(effect), "action": action}
@@ -678,7 +679,7 @@ def complete(request, effect_id: UUID, payload: CompleteIn):
     """From the attempt that holds the claim, even after it stopped (the effect is
     `unknown`): the truth is recorded. A repeated `done` keeps the first result. Any
     other report is `409 claim_conflict`, and is still kept for operators."""
-    effect = lifecycle.complete_effect(
+    effect = outcomes.complete_effect(
         _agent(request),
         effect_id,
         run_id=payload.run_id,
@@ -700,7 +701,7 @@ def reconcile(request, effect_id: UUID, payload: ReconcileIn):
     """Only for an `unknown` effect, from a running attempt of a run that recorded a
     call to it. `done` records the result; `not_done` releases the effect to be claimed
     again. Only a lookup that sees the provider's latest state may answer `not_done`."""
-    effect, action = lifecycle.reconcile_effect(
+    effect, action = outcomes.reconcile_effect(
         _agent(request),
         effect_id,
         run_id=payload.run_id,

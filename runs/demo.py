@@ -14,8 +14,10 @@ from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
 from approvals.decisions import approve_effect, reject_effect
-from runs.lifecycle import complete_effect, finish_run, record_call, start_run
+from runs.calls import record_call
+from runs.lifecycle import finish_run, start_run
 from runs.models import Agent, Run
+from runs.outcomes import complete_effect
 
 DEMO_REVIEWER = "demo-reviewer"
 

@@ -1,6 +1,7 @@
 """The journal: agents, runs, attempts, calls, effects, argument versions, audit events.
 
-Statuses change only through the functions in ``runs/lifecycle.py`` and
+Statuses change only through the functions in ``runs/lifecycle.py`` (and its
+``calls.py`` and ``outcomes.py``) and
 ``approvals/decisions.py``; each change writes an ``AuditEvent``. The database keeps
 the invariants a race could break (named constraints below), not the application.
 """

@@ -6,7 +6,8 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from runs.lifecycle import finish_run, record_call, start_run
+from runs.calls import record_call
+from runs.lifecycle import finish_run, start_run
 from runs.models import Effect
 
 CAMPAIGN_ARGS = {"campaign_id": "2026-winter-eu", "subject": "Winter sale", "segment": "EU"}

@@ -5,7 +5,8 @@ They only shorten the calls; every test still says which rows it makes.
 
 from __future__ import annotations
 
-from runs.lifecycle import Recorded, Started, record_call, start_run
+from runs.calls import Recorded, record_call
+from runs.lifecycle import Started, start_run
 from runs.models import AuditEvent, Effect
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from runs.lifecycle import action_for, claim_effect
+from runs.lifecycle import action_for
 from runs.models import Effect, EffectStatus
+from runs.outcomes import claim_effect
 from tests.console_helpers import awaiting_campaign, failed_unkeyed_run, unknown_effect
 
 # Playwright's sync API runs an event loop in this thread; Django's ORM calls made

@@ -23,8 +23,9 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from approvals.models import RestartHandoff
+from runs.calls import record_call
 from runs.errors import AlreadyRunning
-from runs.lifecycle import heartbeat, record_call, start_run
+from runs.lifecycle import heartbeat, start_run
 from runs.models import Attempt, AuditEvent, Effect, EffectStatus, Run, RunStatus
 from tests.runtime_server import RuntimeServer
 

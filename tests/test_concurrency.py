@@ -14,8 +14,9 @@ from django.db import connection
 from lifecycle_helpers import send, start
 
 from approvals.decisions import approve_effect
+from runs.calls import record_call
 from runs.errors import AlreadyRunning, StaleArgs
-from runs.lifecycle import record_call, start_run
+from runs.lifecycle import start_run
 from runs.models import Attempt, AttemptStatus, AuditEvent, Call, Effect, EffectStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)

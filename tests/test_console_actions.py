@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 
 from approvals.models import Approval
-from runs.lifecycle import record_call
+from runs.calls import record_call
 from runs.models import AuditEvent, EffectStatus, EffectVersion, RunStatus
 from tests.console_helpers import awaiting_campaign, failed_unkeyed_run, unknown_effect
 

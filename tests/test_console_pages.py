@@ -6,9 +6,11 @@ import pytest
 from django.urls import reverse
 
 from approvals.decisions import approve_effect
+from runs.calls import record_call
 from runs.errors import JournalError
-from runs.lifecycle import complete_effect, record_call, start_run
+from runs.lifecycle import start_run
 from runs.models import AuditEvent, EffectStatus
+from runs.outcomes import complete_effect
 from runs.sweep import SweepReport, interrupt_stale_run
 from tests.console_helpers import awaiting_campaign, failed_unkeyed_run, later, unknown_effect
 
@@ -239,7 +241,7 @@ def test_the_effect_page_shows_reconcile_evidence(client, viewer, agent):
     interrupt_stale_run(started.run.pk, later(3600), SweepReport())
     recorded.effect.refresh_from_db()
     assert recorded.effect.status == EffectStatus.UNKNOWN
-    from runs.lifecycle import reconcile_effect
+    from runs.outcomes import reconcile_effect
 
     start_run(agent, "rec-1")
     reconcile_effect(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from approvals.views_common import needs_decision_runs
-from runs.lifecycle import record_call
+from runs.calls import record_call
 from runs.models import Effect, Run
 from tests.console_helpers import awaiting_campaign, failed_unkeyed_run, unknown_effect
 

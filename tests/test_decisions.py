@@ -18,8 +18,9 @@ from approvals.decisions import (
 )
 from approvals.models import Approval
 from runs.errors import Forbidden, InvalidRequest, NotAllowed, NotFound, RunFinished, StaleArgs
-from runs.lifecycle import complete_effect, finish_run
+from runs.lifecycle import finish_run
 from runs.models import AuditEvent, EffectStatus, EffectVersion, RunStatus
+from runs.outcomes import complete_effect
 
 pytestmark = pytest.mark.django_db
 

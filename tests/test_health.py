@@ -9,7 +9,8 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from approvals.models import RestartHandoff
-from runs.lifecycle import record_call, start_run
+from runs.calls import record_call
+from runs.lifecycle import start_run
 from runs.sweep import sweep
 
 

@@ -15,8 +15,10 @@ from django.test import Client
 from lifecycle_helpers import send, start
 
 from approvals.decisions import abandon_run, approve_effect, reject_effect
-from runs.lifecycle import complete_effect, finish_run, reconcile_effect, record_call
+from runs.calls import record_call
+from runs.lifecycle import finish_run
 from runs.models import Agent, Effect
+from runs.outcomes import complete_effect, reconcile_effect
 
 pytestmark = pytest.mark.django_db
 

@@ -10,8 +10,9 @@ from lifecycle_helpers import send, start, transitions
 
 from approvals.decisions import approve_effect, reject_effect, release_effect
 from runs.errors import AttemptSuperseded, ClaimConflict, InvalidRequest, RunFinished
-from runs.lifecycle import action_for, claim_effect, complete_effect, finish_run
+from runs.lifecycle import action_for, finish_run
 from runs.models import AuditEvent, EffectStatus
+from runs.outcomes import claim_effect, complete_effect
 from runs.sweep import sweep
 
 pytestmark = pytest.mark.django_db

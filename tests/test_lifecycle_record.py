@@ -9,9 +9,11 @@ from django.utils import timezone
 from lifecycle_helpers import read, send, start, transitions
 
 from approvals.decisions import approve_effect, reject_effect, release_effect
+from runs.calls import record_call
 from runs.errors import AttemptSuperseded, InvalidRequest, KeyConflict, RunFinished
-from runs.lifecycle import complete_effect, finish_run, record_call
+from runs.lifecycle import finish_run
 from runs.models import AuditEvent, Call, Effect, EffectStatus, EffectVersion, Run
+from runs.outcomes import complete_effect
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,8 @@ from approvals.notifications import (
     operator_emails,
     send_pending_notifications,
 )
-from runs.lifecycle import record_call, start_run
+from runs.calls import record_call
+from runs.lifecycle import start_run
 from runs.models import Effect
 from runs.sweep import sweep
 from tests.runtime_server import RuntimeServer

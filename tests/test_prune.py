@@ -17,7 +17,7 @@ from lifecycle_helpers import send, start
 from approvals.decisions import abandon_run, reject_effect
 from approvals.models import Approval
 from runs.errors import KeyConflict
-from runs.lifecycle import complete_effect, finish_run
+from runs.lifecycle import finish_run
 from runs.models import (
     Attempt,
     AuditEvent,
@@ -28,6 +28,7 @@ from runs.models import (
     KeyTombstone,
     Run,
 )
+from runs.outcomes import complete_effect
 from runs.prune import prune_finished_runs
 from tests.api_client import Api
 

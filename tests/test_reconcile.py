@@ -6,8 +6,8 @@ import pytest
 from lifecycle_helpers import send, start
 
 from runs.errors import AttemptSuperseded, ClaimConflict, InvalidRequest
-from runs.lifecycle import reconcile_effect
 from runs.models import AuditEvent, EffectStatus
+from runs.outcomes import reconcile_effect
 
 pytestmark = pytest.mark.django_db
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from runs.lifecycle import record_call, start_run
+from runs.calls import record_call
+from runs.lifecycle import start_run
 from runs.models import EffectStatus
 
 

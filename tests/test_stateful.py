@@ -36,16 +36,9 @@ from approvals.decisions import (
     release_effect,
 )
 from approvals.models import Approval
+from runs.calls import record_call
 from runs.errors import JournalError
-from runs.lifecycle import (
-    claim_effect,
-    complete_effect,
-    finish_run,
-    heartbeat,
-    reconcile_effect,
-    record_call,
-    start_run,
-)
+from runs.lifecycle import finish_run, heartbeat, start_run
 from runs.models import (
     CLAIMABLE_STATUSES,
     Agent,
@@ -56,6 +49,7 @@ from runs.models import (
     Run,
     RunStatus,
 )
+from runs.outcomes import claim_effect, complete_effect, reconcile_effect
 from runs.sweep import sweep
 from runs.verdict import restart_verdict
 

@@ -9,7 +9,8 @@ from django.core.management import call_command
 
 from approvals.models import Notification, RestartHandoff, TaskState
 from runs import sweep as sweep_module
-from runs.lifecycle import record_call, start_run
+from runs.calls import record_call
+from runs.lifecycle import start_run
 from runs.models import AuditEvent, EffectStatus, Run, RunStatus
 from runs.sweep import sweep
 

@@ -6,7 +6,8 @@ import pytest
 from django.core import mail
 
 from approvals import tasks
-from runs.lifecycle import record_call, start_run
+from runs.calls import record_call
+from runs.lifecycle import start_run
 
 
 def test_the_notify_task_acknowledges_late():

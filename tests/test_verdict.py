@@ -15,8 +15,9 @@ from approvals.decisions import (
     reject_effect,
 )
 from runs.errors import RestartBlocked
-from runs.lifecycle import complete_effect, finish_run
+from runs.lifecycle import finish_run
 from runs.models import Attempt, AuditEvent, EffectStatus, Run
+from runs.outcomes import complete_effect
 from runs.verdict import restart_verdict
 
 pytestmark = pytest.mark.django_db

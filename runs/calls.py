@@ -1,0 +1,457 @@
+"""Recording a tool call before it is made: the effect by key, its argument
+versions, and the answer (api.md, ``POST /runs/{id}/calls``).
+
+Like every rule of the journal (``runs/lifecycle.py``), one transaction that locks
+the run first, then the effect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import OuterRef, Subquery
+from django.utils import timezone
+
+from runs.audit import SYSTEM, Actor, new_event, record_event, save_events
+from runs.canonical import args_hash as compute_args_hash
+from runs.errors import (
+    InvalidRequest,
+    KeyConflict,
+    NotFound,
+)
+from runs.lifecycle import (
+    attempt_is_running,
+    claim_for,
+    default_approval_ttl,
+    expire_if_past_deadline,
+    make_unknown,
+    require_current_and_running,
+    save_effect,
+    set_claim,
+    set_deadline,
+)
+from runs.models import (
+    CLAIMABLE_STATUSES,
+    Action,
+    Agent,
+    Attempt,
+    Call,
+    CallKind,
+    Effect,
+    EffectStatus,
+    EffectVersion,
+    KeyTombstone,
+    Run,
+)
+
+# --- Calls --------------------------------------------------------------------
+
+
+@dataclass
+class Recorded:
+    call: Call
+    action: str
+    effect: Effect | None
+
+
+def _lock_run_for_call(agent: Agent, run_id: Any, attempt: int) -> tuple[Run, int, int]:
+    """The run locked, its running attempt ``attempt``'s id and that attempt's last seq.
+
+    What ``lock_run`` + ``require_running_attempt`` + a MAX(seq) do, in one query:
+    recording a call is the API's hot write path (docs/performance.md).
+    """
+    run = (
+        Run.objects.select_for_update()
+        .filter(pk=run_id, agent=agent)
+        .annotate(
+            attempt_id=Subquery(
+                Attempt.objects.filter(run=OuterRef("pk"), number=attempt)
+                .order_by()
+                .values("pk")[:1]
+            ),
+            last_seq=Subquery(
+                Call.objects.filter(run=OuterRef("pk"), attempt_number=attempt)
+                .order_by("-seq")
+                .values("seq")[:1]
+            ),
+        )
+        .order_by()
+        .first()
+    )
+    if run is None:
+        raise NotFound("No such run for this agent.")
+    require_current_and_running(run, attempt)
+    return run, run.attempt_id, run.last_seq or 0
+
+
+def record_call(
+    agent: Agent,
+    run_id: Any,
+    *,
+    attempt: int,
+    tool: str,
+    kind: str,
+    args: dict,
+    key: str | None = None,
+    key_source: str | None = None,
+    needs_approval: bool = False,
+    approvals_required: int = 1,
+    preview: str = "",
+    approval_ttl: int | None = None,
+    timeout: int | None = None,
+    now: datetime | None = None,
+) -> Recorded:
+    """Record a tool call before it is made, and answer what to do (api.md, ``/calls``).
+
+    1. Lock the run; the attempt must be its current running one.
+    2. A read is journaled and executes.
+    3. An effect finds its effect by key (creating it, race-safely, if the key is
+       new), or creates an unkeyed one.
+    4. Other arguments become a version; what it does depends on the status.
+    5. The status gives the action; a claimable effect is claimed here.
+    """
+    if kind == CallKind.READ and key is not None:
+        raise InvalidRequest(
+            "A read may not carry a key.", {"fields": {"key": "not allowed on a read"}}
+        )
+    if key is not None and not key_source:
+        raise InvalidRequest(
+            "key_source is required with key.", {"fields": {"key_source": "required"}}
+        )
+    if key is None and key_source:
+        raise InvalidRequest("key_source needs a key.", {"fields": {"key_source": "only with key"}})
+    now = now or timezone.now()
+    actor = Actor.for_agent(agent)
+    digest = compute_args_hash(args)
+    with transaction.atomic():
+        run, attempt_id, last_seq = _lock_run_for_call(agent, run_id, attempt)
+        call = Call(
+            run=run,
+            attempt_id=attempt_id,
+            attempt_number=attempt,
+            seq=last_seq + 1,
+            tool=tool,
+            kind=kind,
+            args=args,
+            args_hash=digest,
+            at=now,
+        )
+        if kind == CallKind.READ:
+            call.action = Action.EXECUTE
+            call.save()
+            return Recorded(call, Action.EXECUTE, None)
+
+        declared = {
+            "needs_approval": needs_approval,
+            "approvals_required": approvals_required if needs_approval else 1,
+            "approval_ttl": approval_ttl or default_approval_ttl(),
+            "timeout": timeout,
+            "preview": preview or "",
+        }
+        effect, created = _find_or_create_effect(
+            agent, run, attempt, tool, key, key_source, args, digest, declared, now
+        )
+        if created:
+            version_adopted = True
+            action = _record_creation(effect, run, attempt, actor, now)
+        else:
+            if effect.tool != tool:
+                raise KeyConflict(
+                    f"The key {key!r} belongs to the tool {effect.tool!r}.", {"tool": effect.tool}
+                )
+            version_adopted = _apply_call_to_existing(
+                effect, run, attempt, args, digest, actor, now
+            )
+            action = _act_on_status(effect, run, attempt, actor, now)
+        call.effect = effect
+        call.action = action
+        call.save()
+        if created:
+            EffectVersion.objects.create(
+                effect=effect,
+                number=1,
+                args=args,
+                args_hash=digest,
+                author=actor.author,
+                call=call,
+                adopted=True,
+                at=now,
+            )
+        elif version_adopted is not None:
+            EffectVersion.objects.create(
+                effect=effect,
+                number=effect.args_versions,
+                args=args,
+                args_hash=digest,
+                author=actor.author,
+                call=call,
+                adopted=version_adopted,
+                at=now,
+            )
+    return Recorded(call, action, effect)
+
+
+def _record_creation(effect: Effect, run: Run, attempt: int, actor: Actor, now: datetime) -> str:
+    """The audit trail of a new effect, in one insert: recorded, then claimed if it was.
+
+    A new effect that needs no approval is inserted already claimed by the recording
+    attempt (``_find_or_create_effect``): the same rows as an insert then a claim,
+    one UPDATE fewer on the API's hot write path.
+    """
+    claimed = effect.status == EffectStatus.IN_FLIGHT
+    common = {"at": now, "run": run, "effect": effect, "attempt_number": attempt}
+    events = [
+        new_event(
+            actor,
+            "recorded",
+            new_status=EffectStatus.PENDING if claimed else effect.status,
+            data={"key": effect.key, "tool": effect.tool, "args_hash": effect.args_hash},
+            **common,
+        )
+    ]
+    if claimed:
+        events.append(
+            new_event(
+                actor,
+                "claimed",
+                old_status=EffectStatus.PENDING,
+                new_status=EffectStatus.IN_FLIGHT,
+                **common,
+            )
+        )
+    save_events(events)
+    return Action.EXECUTE if claimed else _act_on_status(effect, run, attempt, actor, now)
+
+
+def _find_or_create_effect(
+    agent: Agent,
+    run: Run,
+    attempt: int,
+    tool: str,
+    key: str | None,
+    key_source: str | None,
+    args: dict,
+    digest: str,
+    declared: dict,
+    now: datetime,
+) -> tuple[Effect, bool]:
+    """The effect a call names: the existing one for its key (locked), or a new one.
+
+    Two calls racing to create one key: one insert wins; the loser's insert waits
+    for the winner's commit, fails on the unique constraint inside a savepoint, and
+    reads the winner's row under lock instead of failing.
+    """
+    if key is not None:
+        existing = Effect.objects.select_for_update().filter(agent=agent, key=key).first()
+        if existing is not None:
+            return existing, False
+        tombstone = KeyTombstone.objects.filter(agent=agent, key=key).first()
+        if tombstone is not None:
+            if tombstone.tool != tool:
+                raise KeyConflict(
+                    f"The key {key!r} belongs to the tool {tombstone.tool!r}.",
+                    {"tool": tombstone.tool},
+                )
+            restored = _restore_from_tombstone(tombstone, run, now)
+            if restored is not None:
+                return restored, False
+    needs_approval = declared["needs_approval"]
+    effect = Effect(
+        agent=agent,
+        run=run,
+        tool=tool,
+        key=key,
+        key_source=key_source,
+        args=args,
+        args_hash=digest,
+        args_versions=1,
+        status=EffectStatus.AWAITING_APPROVAL if needs_approval else EffectStatus.PENDING,
+        created_at=now,
+        updated_at=now,
+        **declared,
+    )
+    if needs_approval:
+        set_deadline(effect, now)
+    else:
+        # Claimable at once: inserted claimed (``_record_creation`` writes both
+        # events), with the revision an insert and a claim would have given it.
+        set_claim(effect, run, attempt, now)
+        effect.status = EffectStatus.IN_FLIGHT
+        effect.revision += 1
+    try:
+        with transaction.atomic():
+            effect.save(force_insert=True)
+    except IntegrityError:
+        if key is None:
+            raise
+        return Effect.objects.select_for_update().get(agent=agent, key=key), False
+    return effect, True
+
+
+# What a pruned key comes back as (product.md rule 8: keys do not expire). An
+# outcome that happened, may have happened, or was refused comes back as it was,
+# so the redelivered call gets the answer the live key gave: done → skip, unknown
+# → review, rejected or expired → blocked. A key that never ran (pending,
+# approved, failed, awaiting approval) is absent here: nothing was done, so the
+# redelivered call declares a fresh effect, exactly like a new key.
+RESTORED_STATUSES = {
+    EffectStatus.DONE: EffectStatus.DONE,
+    EffectStatus.UNKNOWN: EffectStatus.UNKNOWN,
+    # In flight under a finished run: its attempt stopped, so it may have happened.
+    EffectStatus.IN_FLIGHT: EffectStatus.UNKNOWN,
+    EffectStatus.REJECTED: EffectStatus.REJECTED,
+    EffectStatus.EXPIRED: EffectStatus.EXPIRED,
+}
+
+
+def _restore_from_tombstone(tombstone: KeyTombstone, run: Run, now: datetime) -> Effect | None:
+    """Bring a pruned key back as an effect of ``run``, with its recorded outcome.
+
+    1. A key that never ran gives None: the caller creates a fresh effect.
+    2. Otherwise the effect is inserted with the tombstone's tool, arguments and
+       result (a race with another redelivery is lost gracefully, as for new keys).
+    3. Its first version and a ``restored`` audit event say where it came from; the
+       caller then treats the redelivered call as a replay of an existing key.
+    """
+    status = RESTORED_STATUSES.get(tombstone.status)
+    if status is None:
+        return None
+    decision = None
+    if status in (EffectStatus.REJECTED, EffectStatus.EXPIRED):
+        # A pruned refusal stays a refusal: whether it was final is not kept, so it
+        # is taken as final for a rejection (never performed without a person).
+        decision = {
+            "verb": "rejected" if status == EffectStatus.REJECTED else "expired",
+            "by": "system",
+            "at": tombstone.pruned_at.isoformat(),
+            "note": "Restored from the key's tombstone after its run was pruned.",
+            "args_hash": tombstone.args_hash,
+            "final": status == EffectStatus.REJECTED,
+        }
+    args = tombstone.args if tombstone.args is not None else {}
+    effect = Effect(
+        agent_id=tombstone.agent_id,
+        run=run,
+        tool=tombstone.tool,
+        key=tombstone.key,
+        key_source=tombstone.key_source,
+        needs_approval=status == EffectStatus.EXPIRED,
+        approval_ttl=default_approval_ttl(),
+        status=status,
+        args=args,
+        args_hash=tombstone.args_hash,
+        args_versions=1,
+        result=tombstone.result,
+        decision=decision,
+        created_at=now,
+        updated_at=now,
+    )
+    try:
+        with transaction.atomic():
+            effect.save(force_insert=True)
+    except IntegrityError:
+        return Effect.objects.select_for_update().get(
+            agent_id=tombstone.agent_id, key=tombstone.key
+        )
+    EffectVersion.objects.create(
+        effect=effect,
+        number=1,
+        args=args,
+        args_hash=tombstone.args_hash,
+        author="system",
+        adopted=True,
+        at=now,
+    )
+    record_event(
+        SYSTEM,
+        "restored",
+        at=now,
+        run=run,
+        effect=effect,
+        new_status=status,
+        note="The key's run was pruned; its tombstone keeps the outcome.",
+        data={
+            "key": tombstone.key,
+            "tool": tombstone.tool,
+            "pruned_effect_id": str(tombstone.effect_id),
+            "pruned_run_key": tombstone.run_key,
+            "pruned_at": tombstone.pruned_at.isoformat(),
+        },
+    )
+    return effect
+
+
+def _apply_call_to_existing(
+    effect: Effect, run: Run, attempt: int, args: dict, digest: str, actor: Actor, now: datetime
+) -> bool | None:
+    """Apply a replayed call to an existing effect (the caller holds its lock).
+
+    Returns None when the arguments are the current ones, True when the new
+    version was adopted, False when it was kept as drift (frozen content).
+    """
+    expire_if_past_deadline(effect, now)
+    if effect.status == EffectStatus.IN_FLIGHT and not attempt_is_running(
+        effect.claimed_run_id, effect.claimed_attempt
+    ):
+        make_unknown(effect, SYSTEM, now, why="The attempt that claimed it has stopped.")
+    if digest == effect.args_hash:
+        return None
+
+    status = effect.status
+    final_rejection = status == EffectStatus.REJECTED and bool((effect.decision or {}).get("final"))
+    effect.args_versions += 1
+    if status in (EffectStatus.PENDING, EffectStatus.AWAITING_APPROVAL):
+        new_status = status
+    elif status == EffectStatus.FAILED:
+        new_status = EffectStatus.AWAITING_APPROVAL if effect.needs_approval else status
+    elif status in (EffectStatus.REJECTED, EffectStatus.EXPIRED) and not final_rejection:
+        new_status = EffectStatus.AWAITING_APPROVAL
+    else:
+        # Frozen: approved, in flight, done, unknown, or finally rejected. The
+        # version is kept and shown as drift; what ran or was approved never changes.
+        save_effect(
+            effect,
+            actor,
+            "args_drift",
+            now,
+            run=run,
+            attempt_number=attempt,
+            data={"args_hash": digest, "current_args_hash": effect.args_hash},
+        )
+        return False
+
+    effect.args = args
+    effect.args_hash = digest
+    # Approvals name the version they approved; the new one starts with none.
+    effect.current_approvals = []
+    if new_status == EffectStatus.AWAITING_APPROVAL and status != EffectStatus.AWAITING_APPROVAL:
+        set_deadline(effect, now)
+    save_effect(
+        effect,
+        actor,
+        "args_revised",
+        now,
+        status=new_status,
+        run=run,
+        attempt_number=attempt,
+        data={"args_hash": digest},
+    )
+    return True
+
+
+def _act_on_status(effect: Effect, run: Run, attempt: int, actor: Actor, now: datetime) -> str:
+    """The action a recorded call answers; a claimable effect is claimed by it."""
+    if effect.status in CLAIMABLE_STATUSES:
+        claim_for(effect, run, attempt, actor, now)
+        return Action.EXECUTE
+    return {
+        EffectStatus.AWAITING_APPROVAL: Action.WAIT,
+        EffectStatus.IN_FLIGHT: Action.WAIT,
+        EffectStatus.DONE: Action.SKIP,
+        EffectStatus.UNKNOWN: Action.REVIEW,
+        EffectStatus.REJECTED: Action.BLOCKED,
+        EffectStatus.EXPIRED: Action.BLOCKED,
+    }[EffectStatus(effect.status)]

@@ -1,0 +1,218 @@
+"""What happened to an effect: the claim, the agent's report, and the tool's own
+lookup (api.md, ``/effects/{id}/claim``, ``/complete``, ``/reconcile``).
+
+Like every rule of the journal (``runs/lifecycle.py``), one transaction that locks
+the run first, then the effect.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs.audit import Actor, record_event
+from runs.errors import (
+    ClaimConflict,
+    InvalidRequest,
+    RunFinished,
+)
+from runs.lifecycle import (
+    action_for,
+    claim_for,
+    clear_claim,
+    expire_if_past_deadline,
+    lock_effect,
+    lock_run,
+    released_status,
+    require_running_attempt,
+    save_effect,
+)
+from runs.models import (
+    CLAIMABLE_STATUSES,
+    Action,
+    Agent,
+    AuditEvent,
+    Call,
+    Effect,
+    EffectStatus,
+    Run,
+)
+
+# --- Claim, complete, reconcile -----------------------------------------------------
+
+
+def _require_recorded_by(effect: Effect, run: Run) -> None:
+    if not Call.objects.filter(run=run, effect=effect).exists():
+        raise ClaimConflict(
+            "This run never recorded a call to the effect.", {"status": effect.status}
+        )
+
+
+def claim_effect(
+    agent: Agent, effect_id: Any, *, run_id: Any, attempt: int, now: datetime | None = None
+) -> tuple[Effect, str]:
+    """Claim a released effect for a running attempt that recorded a call to it."""
+    now = now or timezone.now()
+    actor = Actor.for_agent(agent)
+    with transaction.atomic():
+        run = lock_run(agent, run_id)
+        require_running_attempt(run, attempt)
+        effect = lock_effect(agent, effect_id)
+        _require_recorded_by(effect, run)
+        expire_if_past_deadline(effect, now)
+        if effect.status in CLAIMABLE_STATUSES:
+            claim_for(effect, run, attempt, actor, now)
+            return effect, Action.EXECUTE
+        return effect, action_for(effect, now)
+
+
+def complete_effect(
+    agent: Agent,
+    effect_id: Any,
+    *,
+    run_id: Any,
+    attempt: int,
+    outcome: str,
+    result: dict | None = None,
+    error: str | None = None,
+    now: datetime | None = None,
+) -> Effect:
+    """Report what happened, from the attempt that holds the claim.
+
+    Accepted after that attempt stopped (the effect is ``unknown``): the truth is
+    recorded, never thrown away. A report that cannot apply is kept in the audit log
+    as ``late_report`` (operators see it) and answered ``claim_conflict``.
+    """
+    if outcome not in ("done", "failed"):
+        raise InvalidRequest("outcome must be done or failed.", {"fields": {"outcome": outcome}})
+    now = now or timezone.now()
+    actor = Actor.for_agent(agent)
+    with transaction.atomic():
+        run = lock_run(agent, run_id)
+        effect = lock_effect(agent, effect_id)
+        holder = effect.claimed_run_id == run.pk and effect.claimed_attempt == attempt
+        report = {"outcome": outcome, "result": result, "error": error, "attempt": attempt}
+        if holder and effect.status == EffectStatus.DONE and outcome == "done":
+            # A repeated report keeps the first result. When a person or a lookup
+            # settled it first, the holder's own report is still the truth someone
+            # may need: keep it in the audit log (once, retries are not news).
+            settled_by_other = (effect.decision or {}).get("verb") in ("marked_done", "reconciled")
+            already_kept = AuditEvent.objects.filter(
+                effect=effect, verb="late_report", data=report
+            ).exists()
+            if settled_by_other and not already_kept:
+                record_event(
+                    actor,
+                    "late_report",
+                    at=now,
+                    run=run,
+                    effect=effect,
+                    attempt_number=attempt,
+                    old_status=effect.status,
+                    new_status=effect.status,
+                    data=report,
+                )
+            return effect
+        conflict = None
+        if run.is_finished:
+            conflict = RunFinished(
+                f"The run is {run.status}; the report is kept in the audit log.",
+                {"status": effect.status},
+            )
+        elif not holder or effect.status not in (EffectStatus.IN_FLIGHT, EffectStatus.UNKNOWN):
+            conflict = ClaimConflict(
+                "This attempt does not hold the effect now; the report is kept for operators.",
+                {"status": effect.status},
+            )
+        if conflict is None:
+            late = effect.status == EffectStatus.UNKNOWN
+            effect.timeout_at = None
+            if outcome == "done":
+                effect.result = result
+                effect.error = None
+            else:
+                effect.error = error or "failed"
+            save_effect(
+                effect,
+                actor,
+                "completed_late" if late else "completed",
+                now,
+                status=EffectStatus.DONE if outcome == "done" else EffectStatus.FAILED,
+                run=run,
+                attempt_number=attempt,
+                note=error or "",
+                data=report,
+            )
+            return effect
+        record_event(
+            actor,
+            "late_report",
+            at=now,
+            run=run,
+            effect=effect,
+            attempt_number=attempt,
+            old_status=effect.status,
+            new_status=effect.status,
+            note=error or "",
+            data=report,
+        )
+    raise conflict
+
+
+def reconcile_effect(
+    agent: Agent,
+    effect_id: Any,
+    *,
+    run_id: Any,
+    attempt: int,
+    outcome: str,
+    evidence: str,
+    result: dict | None = None,
+    now: datetime | None = None,
+) -> tuple[Effect, str]:
+    """Settle an ``unknown`` effect by the tool's own lookup at the provider."""
+    if outcome not in ("done", "not_done"):
+        raise InvalidRequest("outcome must be done or not_done.", {"fields": {"outcome": outcome}})
+    if not evidence:
+        raise InvalidRequest("evidence is required.", {"fields": {"evidence": "required"}})
+    now = now or timezone.now()
+    actor = Actor.for_agent(agent)
+    with transaction.atomic():
+        run = lock_run(agent, run_id)
+        require_running_attempt(run, attempt)
+        effect = lock_effect(agent, effect_id)
+        _require_recorded_by(effect, run)
+        if effect.status != EffectStatus.UNKNOWN:
+            raise ClaimConflict(
+                "Only an effect whose outcome is unknown can be reconciled.",
+                {"status": effect.status},
+            )
+        effect.decision = {
+            "verb": "reconciled",
+            "by": agent.label,
+            "at": now.isoformat(),
+            "note": evidence,
+            "args_hash": effect.args_hash,
+            "final": False,
+        }
+        if outcome == "done":
+            effect.result = result
+            new_status = EffectStatus.DONE
+        else:
+            new_status = released_status(effect)
+            clear_claim(effect)
+        save_effect(
+            effect,
+            actor,
+            f"reconciled_{outcome}",
+            now,
+            status=new_status,
+            run=run,
+            attempt_number=attempt,
+            note=evidence,
+            data={"outcome": outcome, "result": result},
+        )
+    return effect, action_for(effect, now)
