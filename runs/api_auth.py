@@ -50,6 +50,10 @@ _AGENT_SQL = (
 
 
 def _active_agent_by_hash(digest: str) -> Agent | None:
+    if connection.vendor != "postgresql":
+        # The embedded SQLite default stores ids as hex text and times as naive
+        # text: the ORM converts them, a raw row would not.
+        return Agent.objects.filter(token_hash=digest, is_active=True).first()
     with connection.cursor() as cursor:
         cursor.execute(_AGENT_SQL, [digest])
         row = cursor.fetchone()

@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from runs.api_auth import bearer_token, error_response
 from runs.lifecycle import action_for
-from runs.models import Agent, hash_token
+from runs.models import Agent, Effect, hash_token
 from runs.ratelimit import check_rate_limit
 from runs.serialize import effect_dict
 
@@ -74,13 +74,17 @@ POLL_SQL = (
 
 
 class EffectRow:
-    """An effect read by the poll: the attributes ``effect_dict`` and ``action_for`` use."""
+    """An effect read by the poll: the attributes ``effect_dict`` and ``action_for`` use.
+
+    ``json_as_text``: the JSON columns are the database's own text (PostgreSQL's
+    ``jsonb`` output), passed through to the answer as they are.
+    """
 
     __slots__ = (*_EFFECT_COLUMNS, "pk")
 
-    def __init__(self, values) -> None:
+    def __init__(self, values, *, json_as_text: bool) -> None:
         for column, value in zip(_EFFECT_COLUMNS, values, strict=True):
-            if column in _JSON_COLUMNS and value is not None:
+            if json_as_text and column in _JSON_COLUMNS and value is not None:
                 value = orjson.Fragment(value)
             setattr(self, column, value)
         self.pk = self.id
@@ -102,9 +106,7 @@ def poll_response(request: HttpRequest, effect_id: UUID, now: datetime | None = 
     if token is None or len(token) > 200 or not token.isprintable():
         return _unauthorized()
     digest = hash_token(token)
-    with connection.cursor() as cursor:
-        cursor.execute(POLL_SQL, [effect_id, digest])
-        row = cursor.fetchone()
+    row, json_as_text = _poll_row(effect_id, digest)
     # The lookup is by the hash; the constant-time comparison is the same
     # double check agent_for_request makes.
     if row is None or not hmac.compare_digest(row[2], digest):
@@ -115,7 +117,7 @@ def poll_response(request: HttpRequest, effect_id: UUID, now: datetime | None = 
     check_rate_limit(request, agent)  # raises RateLimited: the API's handler answers 429
     if row[3] is None:
         return error_response(404, "not_found", "No such object for this agent.")
-    effect = EffectRow(row[3:])
+    effect = EffectRow(row[3:], json_as_text=json_as_text)
     action = action_for(effect, now or timezone.now())
     etag = etag_for(effect.id, effect.revision, action)
     if request.headers.get("If-None-Match") == etag:
@@ -125,6 +127,31 @@ def poll_response(request: HttpRequest, effect_id: UUID, now: datetime | None = 
         response = HttpResponse(body, content_type="application/json")
     response["ETag"] = etag
     return response
+
+
+def _poll_row(effect_id: UUID, digest: str) -> tuple[tuple | None, bool]:
+    """(agent id, name, token hash, *the effect's columns or Nones), or None for no
+    such active agent; and whether the JSON columns came back as text.
+
+    On PostgreSQL, the constant statement above: one round trip, no ORM. Elsewhere
+    (the embedded SQLite default, where ids are stored as hex text and times as
+    naive text) the ORM reads the same columns and converts them: two queries.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(POLL_SQL, [effect_id, digest])
+            return cursor.fetchone(), True
+    agent = (
+        Agent.objects.filter(token_hash=digest, is_active=True)
+        .values_list("id", "name", "token_hash")
+        .first()
+    )
+    if agent is None:
+        return None, False
+    effect = (
+        Effect.objects.filter(pk=effect_id, agent_id=agent[0]).values_list(*_EFFECT_COLUMNS).first()
+    )
+    return (*agent, *(effect or (None,) * len(_EFFECT_COLUMNS))), False
 
 
 def _unauthorized() -> HttpResponse:
