@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import OuterRef, Subquery
+from django.db.models import Max, OuterRef, Subquery
 from django.utils import timezone
 
 from runs.audit import SYSTEM, Actor, new_event, record_event, save_events
@@ -60,8 +60,12 @@ class Recorded:
 def _lock_run_for_call(agent: Agent, run_id: Any, attempt: int) -> tuple[Run, int, int]:
     """The run locked, its running attempt ``attempt``'s id and that attempt's last seq.
 
-    What ``lock_run`` + ``require_running_attempt`` + a MAX(seq) do, in one query:
-    recording a call is the API's hot write path (docs/performance.md).
+    The attempt's id comes with the lock (one query fewer on the API's hot write
+    path, docs/performance.md): that row existed before this request could name
+    its number. The last seq must be read after the lock, in a statement of its
+    own: a statement that waited for the lock still reads other tables as they
+    were when it began (READ COMMITTED), so it would miss the call the lock's
+    holder just committed and take the same seq.
     """
     run = (
         Run.objects.select_for_update()
@@ -72,11 +76,6 @@ def _lock_run_for_call(agent: Agent, run_id: Any, attempt: int) -> tuple[Run, in
                 .order_by()
                 .values("pk")[:1]
             ),
-            last_seq=Subquery(
-                Call.objects.filter(run=OuterRef("pk"), attempt_number=attempt)
-                .order_by("-seq")
-                .values("seq")[:1]
-            ),
         )
         .order_by()
         .first()
@@ -84,7 +83,8 @@ def _lock_run_for_call(agent: Agent, run_id: Any, attempt: int) -> tuple[Run, in
     if run is None:
         raise NotFound("No such run for this agent.")
     require_current_and_running(run, attempt)
-    return run, run.attempt_id, run.last_seq or 0
+    last_seq = Call.objects.filter(attempt_id=run.attempt_id).aggregate(m=Max("seq"))["m"]
+    return run, run.attempt_id, last_seq or 0
 
 
 def record_call(

@@ -304,7 +304,10 @@ STARTSAFE = {
     # Retention on the schedule (once a day): finished runs unchanged for this many
     # days are pruned, their keys kept as tombstones. Unset: nothing is deleted
     # unless someone runs `manage.py prune`.
-    "PRUNE_OLDER_THAN_DAYS": env_int("STARTSAFE_PRUNE_OLDER_THAN_DAYS", None, minimum=1),
+    # (At most 100,000 days, as `manage.py prune` takes: more is out of the calendar.)
+    "PRUNE_OLDER_THAN_DAYS": env_int(
+        "STARTSAFE_PRUNE_OLDER_THAN_DAYS", None, minimum=1, maximum=100_000
+    ),
     # Seconds one sender holds its claim on a batch before another may take over.
     "NOTIFY_LEASE": env_int("STARTSAFE_NOTIFY_LEASE", 120, minimum=5),
     "NOTIFY_MAX_TRIES": env_int("STARTSAFE_NOTIFY_MAX_TRIES", 10, minimum=1),

@@ -97,6 +97,34 @@ def test_concurrent_first_starts_of_one_run_key_create_one_run(agent):
     assert Attempt.objects.filter(run__run_key="new-key").count() == 1
 
 
+def test_concurrent_calls_of_one_attempt_each_get_their_own_seq(agent):
+    """Parallel tool calls of one run: each waits for the run lock, then numbers its
+    call after the one committed before it (a 500 on the seq's unique constraint
+    when the last seq was read with the lock, in the snapshot taken before it)."""
+    run = start(agent).run
+
+    def call(i: int):
+        return lambda: (
+            record_call(
+                agent,
+                run.pk,
+                attempt=1,
+                tool="reply",
+                kind="effect",
+                args={"i": i},
+                key=f"reply:{i}",
+                key_source="provider",
+            ).action
+        )
+
+    actions = _race([call(i) for i in range(10)])
+
+    assert [a for a in actions if isinstance(a, Exception)] == []
+    assert actions == ["execute"] * 10
+    seqs = sorted(Call.objects.filter(run=run).values_list("seq", flat=True))
+    assert seqs == list(range(1, 11))
+
+
 def test_a_first_start_that_loses_the_insert_ignores_its_supersede(agent):
     """api.md: on a new run_key ``supersede`` is ignored, and the other first starts
     get ``already_running``. The loser must not supersede the winner's attempt 1.

@@ -10,6 +10,7 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 from lifecycle_helpers import send, start
@@ -314,6 +315,10 @@ def test_the_schedule_has_the_prune_only_when_retention_is_set(monkeypatch):
         reloaded = importlib.reload(settings_module)
         assert reloaded.STARTSAFE["PRUNE_OLDER_THAN_DAYS"] == 90
         assert reloaded.CELERY_BEAT_SCHEDULE["prune"]["task"] == "runs.tasks.prune"
+        # Out of the calendar (the daily task would crash on it): refused at start.
+        monkeypatch.setenv("STARTSAFE_PRUNE_OLDER_THAN_DAYS", "1000000")
+        with pytest.raises(ImproperlyConfigured, match="PRUNE_OLDER_THAN_DAYS"):
+            importlib.reload(settings_module)
     finally:
         monkeypatch.delenv("STARTSAFE_PRUNE_OLDER_THAN_DAYS", raising=False)
         importlib.reload(settings_module)
