@@ -32,7 +32,7 @@ def agent_for_request(request: HttpRequest) -> Agent | None:
     if token is not None and len(token) <= 200 and token.isprintable():
         # The lookup is by a SHA-256 of the token: comparing hashes leaks nothing
         # useful about the token, and token_matches() double-checks in constant time.
-        candidate = _active_agent_by_hash(hash_token(token))
+        candidate = active_agent_by_hash(hash_token(token))
         if candidate is not None and candidate.token_matches(token):
             agent = candidate
     request._startsafe_agent = agent
@@ -49,7 +49,7 @@ _AGENT_SQL = (
 )
 
 
-def _active_agent_by_hash(digest: str) -> Agent | None:
+def active_agent_by_hash(digest: str) -> Agent | None:
     if connection.vendor != "postgresql":
         # The embedded SQLite default stores ids as hex text and times as naive
         # text: the ORM converts them, a raw row would not.

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.core.handlers.exception import convert_exception_to_response
-from django.urls import resolve
+from django.http import HttpResponse
+from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
+
+from runs.api_auth import error_response
 
 API_PREFIX = "/api/"
 THIS = f"{__name__}.ApiMiddleware"
@@ -38,8 +41,30 @@ class ApiMiddleware:
 
 def _call_view(request):
     """What Django's handler does after the middleware, for the API's plain views:
-    resolve the address and call the view (ninja turns the view's errors into the
-    contract's bodies itself; an unknown address raises Resolver404, a 404)."""
-    match = resolve(request.path_info)
+    resolve the address and call the view. ninja turns the view's errors into the
+    contract's bodies itself; what Django answers alone (an unknown address, a
+    method no endpoint takes) gets that body here: errors always have it (api.md).
+    Here, inside the idempotency middleware, so a kept answer is the contract's."""
+    try:
+        match = resolve(request.path_info)
+    except Resolver404:
+        return error_response(404, "not_found", "No such address in this API.")
     request.resolver_match = match
-    return match.func(request, *match.args, **match.kwargs)
+    response = match.func(request, *match.args, **match.kwargs)
+    if response.status_code == 405 and not response.get("Content-Type", "").startswith(
+        "application/json"
+    ):
+        return _method_not_allowed(response.get("Allow", ""))
+    return response
+
+
+def _method_not_allowed(allowed: str) -> HttpResponse:
+    answer = error_response(
+        405,
+        "method_not_allowed",
+        "This address does not take this method.",
+        {"allowed": sorted(m.strip() for m in allowed.split(",") if m.strip())},
+    )
+    if allowed:
+        answer["Allow"] = allowed
+    return answer

@@ -30,7 +30,7 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from runs.api_auth import bearer_token, error_response
+from runs.api_auth import active_agent_by_hash, bearer_token, error_response
 from runs.lifecycle import action_for
 from runs.models import Agent, Effect, hash_token
 from runs.ratelimit import check_rate_limit
@@ -141,17 +141,12 @@ def _poll_row(effect_id: UUID, digest: str) -> tuple[tuple | None, bool]:
         with connection.cursor() as cursor:
             cursor.execute(POLL_SQL, [effect_id, digest])
             return cursor.fetchone(), True
-    agent = (
-        Agent.objects.filter(token_hash=digest, is_active=True)
-        .values_list("id", "name", "token_hash")
-        .first()
-    )
+    agent = active_agent_by_hash(digest)
     if agent is None:
         return None, False
-    effect = (
-        Effect.objects.filter(pk=effect_id, agent_id=agent[0]).values_list(*_EFFECT_COLUMNS).first()
-    )
-    return (*agent, *(effect or (None,) * len(_EFFECT_COLUMNS))), False
+    effect = Effect.objects.filter(pk=effect_id, agent=agent).values_list(*_EFFECT_COLUMNS).first()
+    row = (agent.pk, agent.name, agent.token_hash)
+    return (*row, *(effect or (None,) * len(_EFFECT_COLUMNS))), False
 
 
 def _unauthorized() -> HttpResponse:

@@ -38,31 +38,9 @@ class Actor:
 SYSTEM = Actor(kind="system", label="system")
 
 
-def record_event(
-    actor: Actor,
-    verb: str,
-    *,
-    at: datetime,
-    run: Run | None = None,
-    effect: Effect | None = None,
-    attempt_number: int | None = None,
-    old_status: str = "",
-    new_status: str = "",
-    note: str = "",
-    data: dict | None = None,
-) -> AuditEvent:
-    event = new_event(
-        actor,
-        verb,
-        at=at,
-        run=run,
-        effect=effect,
-        attempt_number=attempt_number,
-        old_status=old_status,
-        new_status=new_status,
-        note=note,
-        data=data,
-    )
+def record_event(actor: Actor, verb: str, **fields: Any) -> AuditEvent:
+    """Write one audit event now; ``fields`` as ``new_event`` takes them."""
+    event = new_event(actor, verb, **fields)
     event.save(force_insert=True)
     return event
 

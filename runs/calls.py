@@ -169,18 +169,9 @@ def record_call(
         call.effect = effect
         call.action = action
         call.save()
-        if created:
-            EffectVersion.objects.create(
-                effect=effect,
-                number=1,
-                args=args,
-                args_hash=digest,
-                author=actor.author,
-                call=call,
-                adopted=True,
-                at=now,
-            )
-        elif version_adopted is not None:
+        # A new effect's arguments are its version 1 (adopted); a replay with other
+        # arguments is a version too, adopted or kept as drift.
+        if version_adopted is not None:
             EffectVersion.objects.create(
                 effect=effect,
                 number=effect.args_versions,

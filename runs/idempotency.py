@@ -123,37 +123,13 @@ def claim_key(agent: Agent, key: str, method: str, path: str, fingerprint: str):
     return None, "in_progress"
 
 
-def as_contract_error(response: HttpResponse) -> HttpResponse:
-    """Django's own answers under the API (an unknown address, a method no endpoint
-    takes) in the contract's error body: errors always have it (api.md)."""
-    if response.status_code not in (404, 405) or response.get("Content-Type", "").startswith(
-        "application/json"
-    ):
-        return response
-    if response.status_code == 404:
-        return error_response(404, "not_found", "No such address in this API.")
-    allowed = response.get("Allow", "")
-    answer = error_response(
-        405,
-        "method_not_allowed",
-        "This address does not take this method.",
-        {"allowed": sorted(m.strip() for m in allowed.split(",") if m.strip())},
-    )
-    if allowed:
-        answer["Allow"] = allowed
-    return answer
-
-
 class IdempotencyMiddleware:
     def __init__(self, get_response):
-        self._get_response = get_response
-
-    def get_response(self, request):
-        return as_contract_error(self._get_response(request))
+        self.get_response = get_response
 
     def __call__(self, request):
         if not request.path.startswith(API_PREFIX):
-            return self._get_response(request)  # the console's pages are not the API
+            return self.get_response(request)
         too_large = self._body_too_large(request)
         if too_large is not None:
             return too_large

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from approvals.models import record_task_run
 from approvals.notifications import notify_needs_person, notify_needs_person_many
-from runs.audit import SYSTEM, record_event, save_events
+from runs.audit import SYSTEM, new_event, record_event, save_events
 from runs.handoff import dispatch_due_handoffs, schedule_restart_handoff
 from runs.lifecycle import expire_if_past_deadline, make_unknown, set_run_status, stop_attempt
 from runs.models import (
@@ -183,20 +183,7 @@ def interrupt_stale_runs(run_ids: list, now: datetime, report: SweepReport) -> N
     events: list[AuditEvent] = []
 
     def event(verb: str, run: Run | None, **fields) -> None:
-        effect = fields.pop("effect", None)
-        agent_id = run.agent_id if run is not None else effect.agent_id
-        events.append(
-            AuditEvent(
-                at=now,
-                actor=SYSTEM.label,
-                actor_kind=SYSTEM.kind,
-                verb=verb,
-                agent_id=agent_id,
-                run=run,
-                effect=effect,
-                **{"old_status": "", "new_status": "", "note": "", "data": {}, **fields},
-            )
-        )
+        events.append(new_event(SYSTEM, verb, at=now, run=run, **fields))
 
     with transaction.atomic():
         runs = list(

@@ -48,7 +48,10 @@ class DatabaseWrapper(base.DatabaseWrapper):
     def pool(self):
         pool = super().pool
         # psycopg keeps the callback as ``_check``; Django set it only when checks
-        # are on, and so do we.
-        if pool is not None and getattr(pool, "_check", None) is not None:
+        # are on, and so do we (once: this property is read for every connection).
+        if pool is not None and getattr(pool, "_check", None) not in (
+            None,
+            check_pooled_connection,
+        ):
             pool._check = check_pooled_connection
         return pool
