@@ -9,6 +9,7 @@ from typing import Any
 from django.db import connection
 from django.db.models.signals import post_save
 
+from runs import rowsql
 from runs.models import Agent, AuditEvent, Effect, Run
 
 
@@ -41,7 +42,7 @@ SYSTEM = Actor(kind="system", label="system")
 def record_event(actor: Actor, verb: str, **fields: Any) -> AuditEvent:
     """Write one audit event now; ``fields`` as ``new_event`` takes them."""
     event = new_event(actor, verb, **fields)
-    event.save(force_insert=True)
+    rowsql.write(inserts=[event])
     return event
 
 
@@ -65,14 +66,12 @@ _COPY_COLUMNS = (
 
 
 def save_events(events: list[AuditEvent]) -> None:
-    """Insert several events at once (one statement), each logged as ``create()`` would.
-
-    The events get no primary key back when they go by COPY; nothing reads it.
-    """
-    if len(events) >= COPY_FROM and connection.vendor == "postgresql":
-        _copy_events(events)
-    else:
-        AuditEvent.objects.bulk_create(events)
+    """Insert several events at once (one statement, or COPY for many), each logged
+    as ``create()`` would. The events get no primary key back; nothing reads it."""
+    if len(events) < COPY_FROM or connection.vendor != "postgresql":
+        rowsql.write(inserts=events)  # sends post_save itself
+        return
+    _copy_events(events)
     for event in events:
         # bulk_create sends no signal; the log line of every event hangs on it.
         post_save.send(

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import Max, OuterRef, Subquery
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from runs import rowsql
 from runs.audit import SYSTEM, Actor, new_event, record_event, save_events
 from runs.canonical import args_hash as compute_args_hash
 from runs.errors import (
@@ -67,24 +67,30 @@ def _lock_run_for_call(agent: Agent, run_id: Any, attempt: int) -> tuple[Run, in
     were when it began (READ COMMITTED), so it would miss the call the lock's
     holder just committed and take the same seq.
     """
-    run = (
-        Run.objects.select_for_update()
-        .filter(pk=run_id, agent=agent)
-        .annotate(
-            attempt_id=Subquery(
-                Attempt.objects.filter(run=OuterRef("pk"), number=attempt)
-                .order_by()
-                .values("pk")[:1]
-            ),
+    runs, attempts = Run._meta.db_table, Attempt._meta.db_table
+    lock_sql = (
+        rowsql.select(
+            Run,
+            f"(SELECT a.id FROM {attempts} a WHERE a.run_id = {runs}.id AND a.number = %s)",
         )
-        .order_by()
-        .first()
+        + f" WHERE {runs}.id = %s AND {runs}.agent_id = %s{rowsql.lock_clause()}"
     )
-    if run is None:
-        raise NotFound("No such run for this agent.")
-    require_current_and_running(run, attempt)
-    last_seq = Call.objects.filter(attempt_id=run.attempt_id).aggregate(m=Max("seq"))["m"]
-    return run, run.attempt_id, last_seq or 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            lock_sql,
+            [attempt, rowsql.db_value(Run, "id", run_id), rowsql.db_value(Run, "agent", agent.pk)],
+        )
+        row = cursor.fetchone()
+        if row is None:
+            raise NotFound("No such run for this agent.")
+        run = rowsql.instance(Run, row)
+        require_current_and_running(run, attempt)
+        attempt_id = row[-1]
+        cursor.execute(
+            f"SELECT MAX(seq) FROM {Call._meta.db_table} WHERE attempt_id = %s", [attempt_id]
+        )
+        (last_seq,) = cursor.fetchone()
+    return run, attempt_id, last_seq or 0
 
 
 def record_call(
@@ -141,7 +147,7 @@ def record_call(
         )
         if kind == CallKind.READ:
             call.action = Action.EXECUTE
-            call.save()
+            rowsql.write(inserts=[call])
             return Recorded(call, Action.EXECUTE, None)
 
         declared = {
@@ -154,9 +160,10 @@ def record_call(
         effect, created = _find_or_create_effect(
             agent, run, attempt, tool, key, key_source, args, digest, declared, now
         )
+        rows: list = []  # written together at the end: one statement (runs/rowsql.py)
         if created:
             version_adopted = True
-            action = _record_creation(effect, run, attempt, actor, now)
+            action = _record_creation(effect, run, attempt, actor, now, rows)
         else:
             if effect.tool != tool:
                 raise KeyConflict(
@@ -168,29 +175,35 @@ def record_call(
             action = _act_on_status(effect, run, attempt, actor, now)
         call.effect = effect
         call.action = action
-        call.save()
+        rows.append(call)
         # A new effect's arguments are its version 1 (adopted); a replay with other
         # arguments is a version too, adopted or kept as drift.
         if version_adopted is not None:
-            EffectVersion.objects.create(
-                effect=effect,
-                number=effect.args_versions,
-                args=args,
-                args_hash=digest,
-                author=actor.author,
-                call=call,
-                adopted=version_adopted,
-                at=now,
+            rows.append(
+                EffectVersion(
+                    effect=effect,
+                    number=effect.args_versions,
+                    args=args,
+                    args_hash=digest,
+                    author=actor.author,
+                    call=call,
+                    adopted=version_adopted,
+                    at=now,
+                )
             )
+        rowsql.write(inserts=rows)
     return Recorded(call, action, effect)
 
 
-def _record_creation(effect: Effect, run: Run, attempt: int, actor: Actor, now: datetime) -> str:
-    """The audit trail of a new effect, in one insert: recorded, then claimed if it was.
+def _record_creation(
+    effect: Effect, run: Run, attempt: int, actor: Actor, now: datetime, rows: list
+) -> str:
+    """The audit trail of a new effect: recorded, then claimed if it was.
 
     A new effect that needs no approval is inserted already claimed by the recording
     attempt (``_find_or_create_effect``): the same rows as an insert then a claim,
-    one UPDATE fewer on the API's hot write path.
+    one UPDATE fewer on the API's hot write path. Its events join ``rows``, which
+    the caller writes with the call.
     """
     claimed = effect.status == EffectStatus.IN_FLIGHT
     common = {"at": now, "run": run, "effect": effect, "attempt_number": attempt}
@@ -213,8 +226,11 @@ def _record_creation(effect: Effect, run: Run, attempt: int, actor: Actor, now: 
                 **common,
             )
         )
-    save_events(events)
-    return Action.EXECUTE if claimed else _act_on_status(effect, run, attempt, actor, now)
+    if claimed:
+        rows.extend(events)
+        return Action.EXECUTE
+    save_events(events)  # before anything _act_on_status writes, in the audit log's order
+    return _act_on_status(effect, run, attempt, actor, now)
 
 
 def _find_or_create_effect(
@@ -231,24 +247,54 @@ def _find_or_create_effect(
 ) -> tuple[Effect, bool]:
     """The effect a call names: the existing one for its key (locked), or a new one.
 
-    Two calls racing to create one key: one insert wins; the loser's insert waits
-    for the winner's commit, fails on the unique constraint inside a savepoint, and
-    reads the winner's row under lock instead of failing.
+    A new key is one statement: the insert, unless the key is taken or has a
+    tombstone (``_insert_new_key``). Otherwise the existing effect is read under
+    lock, or the tombstone brought back; a key that is free after all (its effect
+    pruned in between, or a tombstone of a key that never ran) is inserted as before.
     """
-    if key is not None:
-        existing = Effect.objects.select_for_update().filter(agent=agent, key=key).first()
-        if existing is not None:
-            return existing, False
-        tombstone = KeyTombstone.objects.filter(agent=agent, key=key).first()
-        if tombstone is not None:
-            if tombstone.tool != tool:
-                raise KeyConflict(
-                    f"The key {key!r} belongs to the tool {tombstone.tool!r}.",
-                    {"tool": tombstone.tool},
-                )
-            restored = _restore_from_tombstone(tombstone, run, now)
-            if restored is not None:
-                return restored, False
+    effect = _new_effect(agent, run, attempt, tool, key, key_source, args, digest, declared, now)
+    if key is None:
+        rowsql.write(inserts=[effect])
+        return effect, True
+    if _insert_new_key(effect):
+        return effect, True
+    existing = rowsql.fetch(Effect, agent_id=agent.pk, key=key, lock=True)
+    if existing is not None:
+        return existing, False
+    tombstone = KeyTombstone.objects.filter(agent=agent, key=key).first()
+    if tombstone is not None:
+        if tombstone.tool != tool:
+            raise KeyConflict(
+                f"The key {key!r} belongs to the tool {tombstone.tool!r}.",
+                {"tool": tombstone.tool},
+            )
+        restored = _restore_from_tombstone(tombstone, run, now)
+        if restored is not None:
+            return restored, False
+    # Two calls racing to create one key: one insert wins; the loser's insert waits
+    # for the winner's commit, fails on the unique constraint inside a savepoint,
+    # and reads the winner's row under lock instead of failing.
+    try:
+        with transaction.atomic():
+            effect.save(force_insert=True)
+    except IntegrityError:
+        return Effect.objects.select_for_update().get(agent=agent, key=key), False
+    return effect, True
+
+
+def _new_effect(
+    agent: Agent,
+    run: Run,
+    attempt: int,
+    tool: str,
+    key: str | None,
+    key_source: str | None,
+    args: dict,
+    digest: str,
+    declared: dict,
+    now: datetime,
+) -> Effect:
+    """A new effect of this call, not saved yet: awaiting approval, or claimed by it."""
     needs_approval = declared["needs_approval"]
     effect = Effect(
         agent=agent,
@@ -272,14 +318,31 @@ def _find_or_create_effect(
         set_claim(effect, run, attempt, now)
         effect.status = EffectStatus.IN_FLIGHT
         effect.revision += 1
-    try:
-        with transaction.atomic():
-            effect.save(force_insert=True)
-    except IntegrityError:
-        if key is None:
-            raise
-        return Effect.objects.select_for_update().get(agent=agent, key=key), False
-    return effect, True
+    return effect
+
+
+def _insert_new_key(effect: Effect) -> bool:
+    """Insert the effect of a new key in one statement; False if the key is taken or
+    has a tombstone (nothing is written then).
+
+    ``ON CONFLICT DO NOTHING``: a concurrent insert of the same key makes this one
+    wait for its commit, then do nothing, so the caller reads that effect instead.
+    """
+    insert_into, values = rowsql.insert_statement(effect)
+    sql = (
+        f"{insert_into} SELECT {', '.join(['%s'] * len(values))} WHERE NOT EXISTS "
+        f"(SELECT 1 FROM {KeyTombstone._meta.db_table} WHERE agent_id = %s AND key = %s) "
+        "ON CONFLICT (agent_id, key) WHERE key IS NOT NULL DO NOTHING RETURNING id"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql, [*values, rowsql.db_value(Effect, "agent", effect.agent_id), effect.key]
+        )
+        inserted = cursor.fetchone() is not None
+    if inserted:
+        effect._state.adding = False
+        effect._state.db = connection.alias
+    return inserted
 
 
 # What a pruned key comes back as (product.md rule 8: keys do not expire). An

@@ -183,11 +183,7 @@ class IdempotencyMiddleware:
                 response = self.get_response(request)
                 if response.status_code >= 500 or getattr(response, "streaming", False):
                     raise _NotKept(response)  # roll the work back with the answer
-                IdempotentRequest.objects.filter(pk=row.pk).update(
-                    response_status=response.status_code,
-                    response_body=response.content,
-                    completed_at=timezone.now(),
-                )
+                _keep_answer(row.pk, response)
         except _NotKept as not_kept:
             _free_claim(row.pk)
             return not_kept.response
@@ -211,6 +207,25 @@ class IdempotencyMiddleware:
             except RequestDataTooBig:
                 return _too_large()
         return None
+
+
+_KEEP_SQL = (
+    f"UPDATE {IdempotentRequest._meta.db_table} "
+    "SET response_status = %s, response_body = %s, completed_at = %s WHERE id = %s"
+)
+
+
+def _keep_answer(pk: int, response: HttpResponse) -> None:
+    """The answer, kept with the work (constant SQL, as the claim)."""
+    meta = IdempotentRequest._meta
+    params = [
+        response.status_code,
+        meta.get_field("response_body").get_db_prep_save(response.content, connection),
+        meta.get_field("completed_at").get_db_prep_save(timezone.now(), connection),
+        pk,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(_KEEP_SQL, params)
 
 
 class _NotKept(Exception):  # noqa: N818 - a signal, not an error

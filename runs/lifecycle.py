@@ -23,7 +23,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from runs.audit import SYSTEM, Actor, record_event
+from runs import rowsql
+from runs.audit import SYSTEM, Actor, new_event, record_event
 from runs.errors import (
     AlreadyRunning,
     AttemptSuperseded,
@@ -69,14 +70,14 @@ def default_approval_ttl() -> int:
 
 def lock_run(agent: Agent, run_id: Any) -> Run:
     """The agent's run, locked; another agent's id is NotFound like a missing one."""
-    run = Run.objects.select_for_update().filter(pk=run_id, agent=agent).first()
+    run = rowsql.fetch(Run, id=run_id, agent_id=agent.pk, lock=True)
     if run is None:
         raise NotFound("No such run for this agent.")
     return run
 
 
 def lock_effect(agent: Agent, effect_id: Any) -> Effect:
-    effect = Effect.objects.select_for_update().filter(pk=effect_id, agent=agent).first()
+    effect = rowsql.fetch(Effect, id=effect_id, agent_id=agent.pk, lock=True)
     if effect is None:
         raise NotFound("No such effect for this agent.")
     return effect
@@ -117,14 +118,15 @@ def save_effect(
     attempt_number: int | None = None,
     data: dict | None = None,
 ) -> Effect:
-    """Save every change of an effect with its revision bumped and an audit event."""
+    """Save every change of an effect with its revision bumped and an audit event.
+
+    The row and its event in one statement (``runs.rowsql``)."""
     old_status = effect.status
     if status is not None:
         effect.status = status
     effect.revision += 1
     effect.updated_at = now
-    effect.save()
-    record_event(
+    event = new_event(
         actor,
         verb,
         at=now,
@@ -136,6 +138,7 @@ def save_effect(
         note=note,
         data=data,
     )
+    rowsql.write(inserts=[event], updates=[effect])
     return effect
 
 

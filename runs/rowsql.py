@@ -1,0 +1,181 @@
+"""Constant SQL for the journal's rows: read one row locked, insert rows, update a row.
+
+Django's ORM compiles every query anew. On the API's write path that compiling
+cost more CPU than PostgreSQL spent running the statements (``make bench``: a
+record + complete pair was 28 statements, 70% of its CPU Python, most of it the
+compiler; docs/performance.md). The statements here are built once per model from
+its fields, so they follow the models as they change; a call only prepares its
+values the way each field does (``get_db_prep_save``) and converts what it reads
+back the way the ORM does (the backend's and the field's converters), so the
+instances are the ORM's own, and ``pre_save``/``post_save`` are sent as ``save()``
+sends them (every audit event's log line hangs on ``post_save``).
+
+On PostgreSQL, ``write`` sends its inserts and updates as one statement (each a
+data-modifying ``WITH`` part): the rows of one change of the journal (an effect,
+its audit event, the call, the argument version) cost one round trip, not four.
+Foreign keys are checked at commit (Django declares them ``DEFERRABLE INITIALLY
+DEFERRED``), so the parts may name each other's rows. Elsewhere (the embedded
+SQLite default) each row is its own statement.
+
+Auto-increment primary keys of inserted rows are not read back (nothing reads
+them: audit events and argument versions are found by their effect).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from functools import cache
+from typing import Any
+
+from django.db import connection
+from django.db.models import Model
+from django.db.models.fields import AutoFieldMixin
+from django.db.models.signals import post_save, pre_save
+
+
+class _Table:
+    """One model's table: its columns and the statements over all of them."""
+
+    def __init__(self, model: type[Model], vendor: str) -> None:
+        meta = model._meta
+        quote = connection.ops.quote_name
+        self.model = model
+        self.name = quote(meta.db_table)
+        self.fields = list(meta.concrete_fields)
+        self.attnames = [f.attname for f in self.fields]
+        self.pk = meta.pk
+        self.column_list = ", ".join(f"{self.name}.{c}" for c in self.columns(self.fields))
+        self.select = f"SELECT {self.column_list} FROM {self.name}"
+        # A serial primary key is the database's to give.
+        self.inserted = [
+            f for f in self.fields if not (f.primary_key and isinstance(f, AutoFieldMixin))
+        ]
+        self.insert_into = f"INSERT INTO {self.name} ({', '.join(self.columns(self.inserted))})"
+        self.row_placeholders = f"({', '.join(['%s'] * len(self.inserted))})"
+        self.updated = [f for f in self.fields if not f.primary_key]
+        assignments = ", ".join(f"{quote(f.column)} = %s" for f in self.updated)
+        self.update = f"UPDATE {self.name} SET {assignments} WHERE {quote(self.pk.column)} = %s"
+        # What the ORM applies to each value it reads (a JSON column is parsed, a
+        # UUID or a time made from SQLite's text), in the ORM's order.
+        self.converters = []
+        for field in self.fields:
+            column = field.get_col(meta.db_table)
+            found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+            self.converters.append((column, found))
+
+    @staticmethod
+    def columns(fields) -> list[str]:
+        return [connection.ops.quote_name(f.column) for f in fields]
+
+    def values(self, obj: Model, fields) -> list[Any]:
+        return [f.get_db_prep_save(getattr(obj, f.attname), connection) for f in fields]
+
+    def instance(self, row: Sequence[Any]) -> Model:
+        values = list(row[: len(self.fields)])
+        for i, (column, converters) in enumerate(self.converters):
+            for convert in converters:
+                values[i] = convert(values[i], column, connection)
+        return self.model.from_db(connection.alias, self.attnames, values)
+
+
+@cache
+def _table_for(model: type[Model], vendor: str) -> _Table:
+    return _Table(model, vendor)
+
+
+def table(model: type[Model]) -> _Table:
+    return _table_for(model, connection.vendor)
+
+
+def lock_clause() -> str:
+    """``FOR UPDATE`` where the database has row locks (SQLite locks the whole file)."""
+    return " FOR UPDATE" if connection.features.has_select_for_update else ""
+
+
+def select(model: type[Model], extra: str = "") -> str:
+    """``SELECT <every column>[, extra] FROM <table>``; the caller adds its ``WHERE``.
+
+    ``instance`` makes the model instance of such a row; ``extra`` columns follow
+    the model's, for the caller to read (``row[len(fields):]``)."""
+    t = table(model)
+    return f"SELECT {t.column_list}, {extra} FROM {t.name}" if extra else t.select
+
+
+def instance(model: type[Model], row: Sequence[Any]) -> Model:
+    """The model instance of a row ``select(model)`` read (extra columns after it ignored)."""
+    return table(model).instance(row)
+
+
+def db_value(model: type[Model], field: str, value: Any) -> Any:
+    """``value`` as ``field`` sends it to this database (a UUID is text on SQLite)."""
+    return model._meta.get_field(field).get_db_prep_value(value, connection)
+
+
+def fetch(model: type[Model], *, lock: bool = False, **equal: Any):
+    """The one row whose fields equal ``equal`` (by attname) as an instance, locked
+    if asked; None if there is none."""
+    t = table(model)
+    columns = [connection.ops.quote_name(model._meta.get_field(name).column) for name in equal]
+    where = " AND ".join(f"{t.name}.{column} = %s" for column in columns)
+    params = [db_value(model, name, value) for name, value in equal.items()]
+    with connection.cursor() as cursor:
+        cursor.execute(f"{t.select} WHERE {where}{lock_clause() if lock else ''}", params)
+        row = cursor.fetchone()
+    return None if row is None else instance(model, row)
+
+
+def insert_statement(obj: Model) -> tuple[str, list[Any]]:
+    """``INSERT INTO <table> (<columns>)`` and the row's values, for a caller's own SQL."""
+    t = table(type(obj))
+    return t.insert_into, t.values(obj, t.inserted)
+
+
+def write(inserts: Iterable[Model] = (), updates: Iterable[Model] = ()) -> None:
+    """Insert ``inserts`` and update every column of ``updates`` (by primary key).
+
+    Rows of one model inserted together share one ``VALUES`` list. On PostgreSQL
+    the whole write is one statement; elsewhere one statement per model or row.
+    """
+    inserts, updates = list(inserts), list(updates)
+    for obj in (*inserts, *updates):
+        pre_save.send(sender=type(obj), instance=obj, raw=False, using=connection.alias)
+    statements = [_update(obj) for obj in updates]
+    by_model: dict[type[Model], list[Model]] = {}
+    for obj in inserts:
+        by_model.setdefault(type(obj), []).append(obj)
+    for rows in by_model.values():
+        # SQLite takes so many values a statement (the sweep writes thousands of events).
+        size = connection.ops.bulk_batch_size(table(type(rows[0])).inserted, rows) or len(rows)
+        statements += [_insert(rows[i : i + size]) for i in range(0, len(rows), size)]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql" and len(statements) > 1:
+            *parts, (last_sql, last_params) = statements
+            with_parts = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(parts))
+            params = [p for _, part_params in parts for p in part_params]
+            cursor.execute(f"WITH {with_parts} {last_sql}", [*params, *last_params])
+        else:
+            for sql, params in statements:
+                cursor.execute(sql, params)
+    for obj in inserts:
+        obj._state.adding = False
+        obj._state.db = connection.alias
+    for created, obj in [*((True, o) for o in inserts), *((False, o) for o in updates)]:
+        post_save.send(
+            sender=type(obj),
+            instance=obj,
+            created=created,
+            update_fields=None,
+            raw=False,
+            using=connection.alias,
+        )
+
+
+def _insert(rows: list[Model]) -> tuple[str, list[Any]]:
+    t = table(type(rows[0]))
+    params = [value for obj in rows for value in t.values(obj, t.inserted)]
+    return f"{t.insert_into} VALUES {', '.join([t.row_placeholders] * len(rows))}", params
+
+
+def _update(obj: Model) -> tuple[str, list[Any]]:
+    t = table(type(obj))
+    return t.update, [*t.values(obj, t.updated), t.pk.get_db_prep_save(obj.pk, connection)]
