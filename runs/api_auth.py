@@ -39,14 +39,24 @@ def agent_for_request(request: HttpRequest) -> Agent | None:
     return agent
 
 
+def remember_agent(request: HttpRequest, agent: Agent | None) -> None:
+    """Cache the request's agent, resolved elsewhere (the idempotency middleware)."""
+    request._startsafe_agent = agent
+
+
 _AGENT_FIELDS = [field.attname for field in Agent._meta.concrete_fields]
-_AGENT_COLUMNS = [field.column for field in Agent._meta.concrete_fields]
+AGENT_COLUMNS = [field.column for field in Agent._meta.concrete_fields]
 # Every API request runs it: a constant statement skips the ORM's query building,
 # which cost more CPU than PostgreSQL's index lookup on the unique token_hash.
 _AGENT_SQL = (
-    f"SELECT {', '.join(_AGENT_COLUMNS)} FROM {Agent._meta.db_table}"
+    f"SELECT {', '.join(AGENT_COLUMNS)} FROM {Agent._meta.db_table}"
     " WHERE token_hash = %s AND is_active"
 )
+
+
+def agent_from_row(row) -> Agent:
+    """The agent of a row whose first columns are ``AGENT_COLUMNS`` (PostgreSQL)."""
+    return Agent.from_db(connection.alias, _AGENT_FIELDS, row[: len(_AGENT_FIELDS)])
 
 
 def active_agent_by_hash(digest: str) -> Agent | None:
@@ -57,7 +67,7 @@ def active_agent_by_hash(digest: str) -> Agent | None:
     with connection.cursor() as cursor:
         cursor.execute(_AGENT_SQL, [digest])
         row = cursor.fetchone()
-    return Agent.from_db(connection.alias, _AGENT_FIELDS, row) if row is not None else None
+    return agent_from_row(row) if row is not None else None
 
 
 def error_response(

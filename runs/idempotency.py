@@ -2,14 +2,22 @@
 
 A middleware, so it sees every answer the API gives, validation errors included:
 1. The body is checked against the 1 MiB limit before anything parses it.
-2. The key is claimed in its own committed row before the work, so a concurrent
-   duplicate finds it at once and answers ``409 request_in_progress``.
+2. The request runs in one transaction that first takes the key's advisory lock
+   (PostgreSQL, ``pg_try_advisory_xact_lock``): a concurrent duplicate cannot take
+   it and answers ``409 request_in_progress`` at once. The same statement resolves
+   the token and reads the key's kept answer (docs/performance.md: one round trip
+   where a committed claim row took two, and a commit).
 3. A repeat with the same key and the same request gets the first answer again;
    another request with that key is ``422 idempotency_key_reused``.
-4. Answers below 500 are kept, in the same transaction as the work: a connection
+4. Answers below 500 are kept in the same transaction as the work: a connection
    cut between the two can never leave work done without its answer (which a
-   retry would do again). A 5xx rolls the work back and frees the key; so does a
-   request that died, or its claim lapses after 60 seconds.
+   retry would do again). A 5xx rolls the work back and keeps nothing; so does a
+   request that died, and the lock goes with its transaction, so the key is free
+   at once. (Rows of the earlier design, claimed before the work, still count as
+   in progress until their 60-second lease lapses.)
+
+On SQLite (the embedded default) a write transaction takes the whole database
+(``BEGIN IMMEDIATE``), so a duplicate waits for the first and gets its answer.
 """
 
 from __future__ import annotations
@@ -19,13 +27,21 @@ import json
 from datetime import timedelta
 
 from django.core.exceptions import RequestDataTooBig
-from django.db import DatabaseError, connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.http import HttpResponse
 from django.utils import timezone
 
-from runs.api_auth import agent_for_request, error_response
+from runs import rowsql
+from runs.api_auth import (
+    AGENT_COLUMNS,
+    agent_for_request,
+    agent_from_row,
+    bearer_token,
+    error_response,
+    remember_agent,
+)
 from runs.canonical import NotCanonicalizable, canonical_json
-from runs.models import Agent, IdempotentRequest
+from runs.models import Agent, IdempotentRequest, hash_token
 from runs.ratelimit import RateLimited, check_rate_limit, rate_limited_response
 
 API_PREFIX = "/api/v1/"
@@ -50,77 +66,58 @@ def _valid_key(key: str) -> bool:
     return 1 <= len(key) <= 255 and key.isprintable()
 
 
-_CLAIM_FIELDS = [
-    ("agent", "agent_id"),
-    ("key", "key"),
-    ("method", "method"),
-    ("path", "path"),
-    ("request_hash", "request_hash"),
-    ("created_at", "created_at"),
-    ("locked_until", "locked_until"),
-]
-_CLAIM_SQL = (
-    f"INSERT INTO {IdempotentRequest._meta.db_table} "
-    "(agent_id, key, method, path, request_hash, created_at, locked_until) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (agent_id, key) DO NOTHING RETURNING id"
+_KEPT_COLUMNS = (
+    "id",
+    "request_hash",
+    "response_status",
+    "response_body",
+    "completed_at",
+    "locked_until",
+)
+_AGENT_AND_KEY_SQL = (
+    f"SELECT {', '.join(f'a.{c}' for c in AGENT_COLUMNS)}, pg_try_advisory_xact_lock(%s), "
+    f"{', '.join(f'k.{c}' for c in _KEPT_COLUMNS)} "
+    f"FROM {Agent._meta.db_table} a LEFT JOIN {IdempotentRequest._meta.db_table} k "
+    "ON k.agent_id = a.id AND k.key = %s WHERE a.token_hash = %s AND a.is_active"
 )
 
 
-def _insert_claim(row: IdempotentRequest) -> bool:
-    """Insert the claim unless the key is taken; whether it was inserted.
+def _lock_key(token_hash: str, key: str) -> int:
+    """The advisory lock's number: 64 bits of SHA-256 over the token's hash and the key.
 
-    One statement, committed on its own (autocommit): a concurrent duplicate must
-    see the claim at once. ``ON CONFLICT DO NOTHING`` instead of catching the
-    unique violation saves the transaction and savepoint round trips, and the
-    constant SQL the ORM's compiler (a third of a write request's statements are
-    this claim and its answer; docs/performance.md).
-    """
-    # Each value as its field writes it on this database (a UUID is text on SQLite).
-    params = [
-        IdempotentRequest._meta.get_field(name).get_db_prep_save(getattr(row, attname), connection)
-        for name, attname in _CLAIM_FIELDS
-    ]
+    Two keys that share it (one chance in 2**64) only make one wait for the other."""
+    digest = hashlib.sha256(f"{token_hash}\n{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def agent_and_key(request, key: str) -> tuple[Agent | None, bool, IdempotentRequest | None]:
+    """The request's agent, whether this transaction holds the key's lock, and the
+    key's row if there is one. Call it inside the request's transaction."""
+    if connection.vendor != "postgresql":
+        agent = agent_for_request(request)
+        if agent is None:
+            return None, False, None
+        return agent, True, IdempotentRequest.objects.filter(agent=agent, key=key).first()
+    token = bearer_token(request)
+    if token is None or len(token) > 200 or not token.isprintable():
+        return agent_for_request(request), False, None  # None: the API answers 401
+    digest = hash_token(token)
     with connection.cursor() as cursor:
-        cursor.execute(_CLAIM_SQL, params)
-        inserted = cursor.fetchone()
-    if inserted is None:
-        return False
-    row.pk = inserted[0]
-    row._state.adding = False
-    return True
-
-
-def claim_key(agent: Agent, key: str, method: str, path: str, fingerprint: str):
-    """Claim ``key`` for this request. Returns (row, outcome) with outcome one of
-    ``new``, ``replay``, ``reused`` or ``in_progress``."""
-    now = timezone.now()
-    for _ in range(3):
-        row = IdempotentRequest(
-            agent=agent,
-            key=key,
-            method=method,
-            path=path[:500],
-            request_hash=fingerprint,
-            created_at=now,
-            locked_until=now + CLAIM_LEASE,
-        )
-        if _insert_claim(row):
-            return row, "new"
-        row = IdempotentRequest.objects.filter(agent=agent, key=key).first()
-        if row is None:
-            continue  # freed in between: try the insert again
-        if row.request_hash != fingerprint:
-            return row, "reused"
-        if row.completed_at is not None:
-            return row, "replay"
-        if row.locked_until > now:
-            return row, "in_progress"
-        # The request that claimed it died: take its claim over (compare-and-set).
-        taken = IdempotentRequest.objects.filter(
-            pk=row.pk, completed_at__isnull=True, locked_until=row.locked_until
-        ).update(locked_until=now + CLAIM_LEASE, created_at=now)
-        return row, "new" if taken else "in_progress"
-    return None, "in_progress"
+        cursor.execute(_AGENT_AND_KEY_SQL, [_lock_key(digest, key), key, digest])
+        row = cursor.fetchone()
+    if row is None:
+        remember_agent(request, None)
+        return None, False, None
+    agent = agent_from_row(row)
+    if not agent.token_matches(token):
+        remember_agent(request, None)
+        return None, False, None
+    remember_agent(request, agent)
+    n = len(AGENT_COLUMNS)
+    locked, kept = row[n], row[n + 1 :]
+    if kept[0] is None:
+        return agent, locked, None
+    return agent, locked, IdempotentRequest.from_db(connection.alias, _KEPT_COLUMNS, kept)
 
 
 class IdempotencyMiddleware:
@@ -136,61 +133,52 @@ class IdempotencyMiddleware:
         key = request.headers.get("Idempotency-Key")
         if request.method != "POST" or key is None:
             return self.get_response(request)
+        if not _valid_key(key):
+            return self._invalid_key(request)
+        fingerprint = request_fingerprint(request.method, request.path, request.body)
+        try:
+            with transaction.atomic():
+                agent, locked, row = agent_and_key(request, key)
+                if agent is None:
+                    return self.get_response(request)  # the API answers 401
+                try:
+                    # Counted before the work: a refused request must not become the
+                    # key's kept answer, or the client's retry would meet its 429 forever.
+                    check_rate_limit(request, agent)
+                except RateLimited as exc:
+                    return rate_limited_response(exc)
+                answer = _answer_from_key(row, key, fingerprint, locked)
+                if answer is not None:
+                    return answer
+                response = self.get_response(request)
+                if response.status_code >= 500 or getattr(response, "streaming", False):
+                    raise _NotKept(response)  # roll the work back: nothing is kept
+                _keep_answer(agent, key, request, fingerprint, row, response)
+        except _NotKept as not_kept:
+            return not_kept.response
+        except _KeyTaken:
+            # A duplicate committed between this transaction's first read and its
+            # lock: this work was rolled back, and the first answer is the answer.
+            agent = agent_for_request(request)
+            row = IdempotentRequest.objects.filter(agent=agent, key=key).first()
+            return _answer_from_key(row, key, fingerprint, locked=False)
+        return response
+
+    def _invalid_key(self, request) -> HttpResponse:
+        """400, after the checks every request meets first (the token, the rate)."""
         agent = agent_for_request(request)
         if agent is None:
             return self.get_response(request)  # the API answers 401
         try:
-            # Counted before the key is claimed: a refused request must not become the
-            # key's stored answer, or the client's retry would meet its 429 forever.
             check_rate_limit(request, agent)
         except RateLimited as exc:
             return rate_limited_response(exc)
-        if not _valid_key(key):
-            return error_response(
-                400,
-                "invalid_request",
-                "The Idempotency-Key header must be 1 to 255 printable characters.",
-                {"fields": {"Idempotency-Key": "1 to 255 printable characters"}},
-            )
-        fingerprint = request_fingerprint(request.method, request.path, request.body)
-        row, outcome = claim_key(agent, key, request.method, request.path, fingerprint)
-        if outcome == "replay":
-            response = HttpResponse(
-                bytes(row.response_body or b""),
-                status=row.response_status,
-                content_type="application/json",
-            )
-            response["Idempotent-Replayed"] = "true"
-            return response
-        if outcome == "reused":
-            return error_response(
-                422,
-                "idempotency_key_reused",
-                "This Idempotency-Key was used before with a different request.",
-                {"idempotency_key": key},
-            )
-        if outcome == "in_progress":
-            response = error_response(
-                409,
-                "request_in_progress",
-                "A request with this Idempotency-Key is still being processed: retry later.",
-                {"idempotency_key": key},
-            )
-            response["Retry-After"] = "1"
-            return response
-        try:
-            with transaction.atomic():
-                response = self.get_response(request)
-                if response.status_code >= 500 or getattr(response, "streaming", False):
-                    raise _NotKept(response)  # roll the work back with the answer
-                _keep_answer(row.pk, response)
-        except _NotKept as not_kept:
-            _free_claim(row.pk)
-            return not_kept.response
-        except BaseException:
-            _free_claim(row.pk)
-            raise
-        return response
+        return error_response(
+            400,
+            "invalid_request",
+            "The Idempotency-Key header must be 1 to 255 printable characters.",
+            {"fields": {"Idempotency-Key": "1 to 255 printable characters"}},
+        )
 
     @staticmethod
     def _body_too_large(request) -> HttpResponse | None:
@@ -209,23 +197,73 @@ class IdempotencyMiddleware:
         return None
 
 
+def _answer_from_key(row, key: str, fingerprint: str, locked: bool) -> HttpResponse | None:
+    """What a request answers from its key alone: the kept answer, 422 or 409; None
+    when the request is to run."""
+    if row is not None and row.request_hash != fingerprint:
+        return error_response(
+            422,
+            "idempotency_key_reused",
+            "This Idempotency-Key was used before with a different request.",
+            {"idempotency_key": key},
+        )
+    if row is not None and row.completed_at is not None:
+        response = HttpResponse(
+            bytes(row.response_body or b""),
+            status=row.response_status,
+            content_type="application/json",
+        )
+        response["Idempotent-Replayed"] = "true"
+        return response
+    lease_lapsed = row is None or row.locked_until <= timezone.now()
+    if locked and lease_lapsed:
+        return None
+    response = error_response(
+        409,
+        "request_in_progress",
+        "A request with this Idempotency-Key is still being processed: retry later.",
+        {"idempotency_key": key},
+    )
+    response["Retry-After"] = "1"
+    return response
+
+
 _KEEP_SQL = (
     f"UPDATE {IdempotentRequest._meta.db_table} "
     "SET response_status = %s, response_body = %s, completed_at = %s WHERE id = %s"
 )
 
 
-def _keep_answer(pk: int, response: HttpResponse) -> None:
-    """The answer, kept with the work (constant SQL, as the claim)."""
-    meta = IdempotentRequest._meta
-    params = [
-        response.status_code,
-        meta.get_field("response_body").get_db_prep_save(response.content, connection),
-        meta.get_field("completed_at").get_db_prep_save(timezone.now(), connection),
-        pk,
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(_KEEP_SQL, params)
+def _keep_answer(agent, key, request, fingerprint, row, response: HttpResponse) -> None:
+    """Keep the answer with the work: a new row, or the answer on a lapsed claim's row."""
+    now = timezone.now()
+    if row is not None:
+        meta = IdempotentRequest._meta
+        params = [
+            response.status_code,
+            meta.get_field("response_body").get_db_prep_save(response.content, connection),
+            meta.get_field("completed_at").get_db_prep_save(now, connection),
+            row.pk,
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(_KEEP_SQL, params)
+        return
+    kept = IdempotentRequest(
+        agent=agent,
+        key=key,
+        method=request.method,
+        path=request.path[:500],
+        request_hash=fingerprint,
+        response_status=response.status_code,
+        response_body=response.content,
+        created_at=now,
+        completed_at=now,
+        locked_until=now,
+    )
+    try:
+        rowsql.write(inserts=[kept])
+    except IntegrityError:
+        raise _KeyTaken from None
 
 
 class _NotKept(Exception):  # noqa: N818 - a signal, not an error
@@ -233,20 +271,8 @@ class _NotKept(Exception):  # noqa: N818 - a signal, not an error
         self.response = response
 
 
-def _free_claim(pk: int) -> None:
-    """Free the key of a request whose answer is not kept, so its retry runs at once.
-
-    The request may have failed because its database connection was cut: then the
-    delete goes through a fresh connection. Only an unanswered claim is freed: if
-    the commit went through before the connection died, the kept answer stays and
-    the retry gets it. If even that fails, the claim lapses after ``CLAIM_LEASE``.
-    """
-    for _ in range(3):
-        try:
-            IdempotentRequest.objects.filter(pk=pk, completed_at__isnull=True).delete()
-            return
-        except DatabaseError:
-            connection.close()  # a dead connection: the next query takes a new one
+class _KeyTaken(Exception):  # noqa: N818 - a signal, not an error
+    pass
 
 
 def _too_large() -> HttpResponse:

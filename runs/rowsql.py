@@ -24,21 +24,26 @@ them: audit events and argument versions are found by their effect).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from functools import cache
 from typing import Any
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Model
 from django.db.models.fields import AutoFieldMixin
 from django.db.models.signals import post_save, pre_save
 
 
+def _db():
+    """The default database's wrapper, looked up once per call: ``django.db.connection``
+    is a proxy that finds it again (in a context-local) on every attribute read."""
+    return connections[DEFAULT_DB_ALIAS]
+
+
 class _Table:
     """One model's table: its columns and the statements over all of them."""
 
-    def __init__(self, model: type[Model], vendor: str) -> None:
+    def __init__(self, model: type[Model], connection) -> None:
         meta = model._meta
-        quote = connection.ops.quote_name
+        quote = self.quote = connection.ops.quote_name
         self.model = model
         self.name = quote(meta.db_table)
         self.fields = list(meta.concrete_fields)
@@ -63,33 +68,34 @@ class _Table:
             found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
             self.converters.append((column, found))
 
-    @staticmethod
-    def columns(fields) -> list[str]:
-        return [connection.ops.quote_name(f.column) for f in fields]
+    def columns(self, fields) -> list[str]:
+        return [self.quote(f.column) for f in fields]
 
-    def values(self, obj: Model, fields) -> list[Any]:
-        return [f.get_db_prep_save(getattr(obj, f.attname), connection) for f in fields]
+    def values(self, obj: Model, fields, db) -> list[Any]:
+        return [f.get_db_prep_save(getattr(obj, f.attname), db) for f in fields]
 
-    def instance(self, row: Sequence[Any]) -> Model:
+    def instance(self, row: Sequence[Any], db) -> Model:
         values = list(row[: len(self.fields)])
         for i, (column, converters) in enumerate(self.converters):
             for convert in converters:
-                values[i] = convert(values[i], column, connection)
-        return self.model.from_db(connection.alias, self.attnames, values)
+                values[i] = convert(values[i], column, db)
+        return self.model.from_db(db.alias, self.attnames, values)
 
 
-@cache
-def _table_for(model: type[Model], vendor: str) -> _Table:
-    return _Table(model, vendor)
+_tables: dict[tuple[type[Model], str], _Table] = {}
 
 
-def table(model: type[Model]) -> _Table:
-    return _table_for(model, connection.vendor)
+def table(model: type[Model], db=None) -> _Table:
+    db = db or _db()
+    found = _tables.get((model, db.vendor))
+    if found is None:
+        found = _tables[model, db.vendor] = _Table(model, db)
+    return found
 
 
-def lock_clause() -> str:
+def lock_clause(db=None) -> str:
     """``FOR UPDATE`` where the database has row locks (SQLite locks the whole file)."""
-    return " FOR UPDATE" if connection.features.has_select_for_update else ""
+    return " FOR UPDATE" if (db or _db()).features.has_select_for_update else ""
 
 
 def select(model: type[Model], extra: str = "") -> str:
@@ -103,31 +109,34 @@ def select(model: type[Model], extra: str = "") -> str:
 
 def instance(model: type[Model], row: Sequence[Any]) -> Model:
     """The model instance of a row ``select(model)`` read (extra columns after it ignored)."""
-    return table(model).instance(row)
+    db = _db()
+    return table(model, db).instance(row, db)
 
 
 def db_value(model: type[Model], field: str, value: Any) -> Any:
     """``value`` as ``field`` sends it to this database (a UUID is text on SQLite)."""
-    return model._meta.get_field(field).get_db_prep_value(value, connection)
+    return model._meta.get_field(field).get_db_prep_value(value, _db())
 
 
 def fetch(model: type[Model], *, lock: bool = False, **equal: Any):
     """The one row whose fields equal ``equal`` (by attname) as an instance, locked
     if asked; None if there is none."""
-    t = table(model)
-    columns = [connection.ops.quote_name(model._meta.get_field(name).column) for name in equal]
-    where = " AND ".join(f"{t.name}.{column} = %s" for column in columns)
-    params = [db_value(model, name, value) for name, value in equal.items()]
-    with connection.cursor() as cursor:
-        cursor.execute(f"{t.select} WHERE {where}{lock_clause() if lock else ''}", params)
+    db = _db()
+    t = table(model, db)
+    fields = [(model._meta.get_field(name), value) for name, value in equal.items()]
+    where = " AND ".join(f"{t.name}.{t.quote(f.column)} = %s" for f, _ in fields)
+    params = [f.get_db_prep_value(value, db) for f, value in fields]
+    with db.cursor() as cursor:
+        cursor.execute(f"{t.select} WHERE {where}{lock_clause(db) if lock else ''}", params)
         row = cursor.fetchone()
-    return None if row is None else instance(model, row)
+    return None if row is None else t.instance(row, db)
 
 
 def insert_statement(obj: Model) -> tuple[str, list[Any]]:
     """``INSERT INTO <table> (<columns>)`` and the row's values, for a caller's own SQL."""
-    t = table(type(obj))
-    return t.insert_into, t.values(obj, t.inserted)
+    db = _db()
+    t = table(type(obj), db)
+    return t.insert_into, t.values(obj, t.inserted, db)
 
 
 def write(inserts: Iterable[Model] = (), updates: Iterable[Model] = ()) -> None:
@@ -136,19 +145,20 @@ def write(inserts: Iterable[Model] = (), updates: Iterable[Model] = ()) -> None:
     Rows of one model inserted together share one ``VALUES`` list. On PostgreSQL
     the whole write is one statement; elsewhere one statement per model or row.
     """
+    db = _db()
     inserts, updates = list(inserts), list(updates)
     for obj in (*inserts, *updates):
-        pre_save.send(sender=type(obj), instance=obj, raw=False, using=connection.alias)
-    statements = [_update(obj) for obj in updates]
+        pre_save.send(sender=type(obj), instance=obj, raw=False, using=db.alias)
+    statements = [_update(obj, db) for obj in updates]
     by_model: dict[type[Model], list[Model]] = {}
     for obj in inserts:
         by_model.setdefault(type(obj), []).append(obj)
     for rows in by_model.values():
         # SQLite takes so many values a statement (the sweep writes thousands of events).
-        size = connection.ops.bulk_batch_size(table(type(rows[0])).inserted, rows) or len(rows)
-        statements += [_insert(rows[i : i + size]) for i in range(0, len(rows), size)]
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql" and len(statements) > 1:
+        size = db.ops.bulk_batch_size(table(type(rows[0]), db).inserted, rows) or len(rows)
+        statements += [_insert(rows[i : i + size], db) for i in range(0, len(rows), size)]
+    with db.cursor() as cursor:
+        if db.vendor == "postgresql" and len(statements) > 1:
             *parts, (last_sql, last_params) = statements
             with_parts = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(parts))
             params = [p for _, part_params in parts for p in part_params]
@@ -158,7 +168,7 @@ def write(inserts: Iterable[Model] = (), updates: Iterable[Model] = ()) -> None:
                 cursor.execute(sql, params)
     for obj in inserts:
         obj._state.adding = False
-        obj._state.db = connection.alias
+        obj._state.db = db.alias
     for created, obj in [*((True, o) for o in inserts), *((False, o) for o in updates)]:
         post_save.send(
             sender=type(obj),
@@ -166,16 +176,16 @@ def write(inserts: Iterable[Model] = (), updates: Iterable[Model] = ()) -> None:
             created=created,
             update_fields=None,
             raw=False,
-            using=connection.alias,
+            using=db.alias,
         )
 
 
-def _insert(rows: list[Model]) -> tuple[str, list[Any]]:
-    t = table(type(rows[0]))
-    params = [value for obj in rows for value in t.values(obj, t.inserted)]
+def _insert(rows: list[Model], db) -> tuple[str, list[Any]]:
+    t = table(type(rows[0]), db)
+    params = [value for obj in rows for value in t.values(obj, t.inserted, db)]
     return f"{t.insert_into} VALUES {', '.join([t.row_placeholders] * len(rows))}", params
 
 
-def _update(obj: Model) -> tuple[str, list[Any]]:
-    t = table(type(obj))
-    return t.update, [*t.values(obj, t.updated), t.pk.get_db_prep_save(obj.pk, connection)]
+def _update(obj: Model, db) -> tuple[str, list[Any]]:
+    t = table(type(obj), db)
+    return t.update, [*t.values(obj, t.updated, db), t.pk.get_db_prep_save(obj.pk, db)]

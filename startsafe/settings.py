@@ -125,6 +125,16 @@ def _database_settings() -> dict:
         # in 40 ms without it (docs/performance.md). Behind PgBouncer, which refuses
         # this startup option, set it on the role instead (docs/scaling.md).
         options["options"] = " ".join(filter(None, [options.get("options"), "-c jit=off"]))
+        if env_bool("DATABASE_PREPARE", True):
+            # Parameters bound by the server, and prepared statements: PostgreSQL
+            # parses and plans a statement the fifth time a connection sends it, then
+            # only runs it. The journal's hot statements are constant SQL
+            # (runs/rowsql.py), so the API's writes are nearly all prepared: their
+            # PostgreSQL CPU fell from 1.6 to 0.9 ms a request (docs/performance.md).
+            # Behind a PgBouncer older than 1.21 in transaction mode, set
+            # DATABASE_PREPARE=0 (docs/scaling.md).
+            options["server_side_binding"] = True
+            options["prepare_threshold"] = 5
         if env_bool("DATABASE_POOL", True):
             # psycopg 3's pool; Django requires CONN_MAX_AGE = 0 with it.
             options["pool"] = {
