@@ -27,6 +27,7 @@ from runs.lifecycle import (
     claim_for,
     default_approval_ttl,
     expire_if_past_deadline,
+    journal_transaction,
     make_unknown,
     require_current_and_running,
     save_effect,
@@ -132,7 +133,7 @@ def record_call(
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
     digest = compute_args_hash(args)
-    with transaction.atomic():
+    with journal_transaction():
         run, attempt_id, last_seq = _lock_run_for_call(agent, run_id, attempt)
         call = Call(
             run=run,

@@ -41,6 +41,7 @@ from runs.api_auth import (
     remember_agent,
 )
 from runs.canonical import NotCanonicalizable, canonical_json
+from runs.lifecycle import request_transaction
 from runs.models import Agent, IdempotentRequest, hash_token
 from runs.ratelimit import RateLimited, check_rate_limit, rate_limited_response
 
@@ -150,19 +151,33 @@ class IdempotencyMiddleware:
                 answer = _answer_from_key(row, key, fingerprint, locked)
                 if answer is not None:
                     return answer
-                response = self.get_response(request)
+                with request_transaction():
+                    response = self.get_response(request)
                 if response.status_code >= 500 or getattr(response, "streaming", False):
                     raise _NotKept(response)  # roll the work back: nothing is kept
+                if connection.needs_rollback:
+                    # A rule failed (its error is the answer); it ran without a
+                    # savepoint, so the request rolls back, and its answer is kept after.
+                    raise _RolledBack(response)
                 _keep_answer(agent, key, request, fingerprint, row, response)
         except _NotKept as not_kept:
             return not_kept.response
+        except _RolledBack as rolled_back:
+            try:
+                _keep_answer(agent, key, request, fingerprint, row, rolled_back.response)
+            except _KeyTaken:
+                return self._kept_answer(request, key, fingerprint)
+            return rolled_back.response
         except _KeyTaken:
             # A duplicate committed between this transaction's first read and its
             # lock: this work was rolled back, and the first answer is the answer.
-            agent = agent_for_request(request)
-            row = IdempotentRequest.objects.filter(agent=agent, key=key).first()
-            return _answer_from_key(row, key, fingerprint, locked=False)
+            return self._kept_answer(request, key, fingerprint)
         return response
+
+    @staticmethod
+    def _kept_answer(request, key: str, fingerprint: str) -> HttpResponse:
+        row = IdempotentRequest.objects.filter(agent=agent_for_request(request), key=key).first()
+        return _answer_from_key(row, key, fingerprint, locked=False)
 
     def _invalid_key(self, request) -> HttpResponse:
         """400, after the checks every request meets first (the token, the rate)."""
@@ -273,6 +288,11 @@ class _NotKept(Exception):  # noqa: N818 - a signal, not an error
 
 class _KeyTaken(Exception):  # noqa: N818 - a signal, not an error
     pass
+
+
+class _RolledBack(Exception):  # noqa: N818 - a signal, not an error
+    def __init__(self, response: HttpResponse) -> None:
+        self.response = response
 
 
 def _too_large() -> HttpResponse:

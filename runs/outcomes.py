@@ -10,7 +10,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from runs.audit import Actor, record_event
@@ -24,6 +23,7 @@ from runs.lifecycle import (
     claim_for,
     clear_claim,
     expire_if_past_deadline,
+    journal_transaction,
     lock_effect,
     lock_run,
     released_status,
@@ -57,7 +57,7 @@ def claim_effect(
     """Claim a released effect for a running attempt that recorded a call to it."""
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
-    with transaction.atomic():
+    with journal_transaction():
         run = lock_run(agent, run_id)
         require_running_attempt(run, attempt)
         effect = lock_effect(agent, effect_id)
@@ -90,7 +90,7 @@ def complete_effect(
         raise InvalidRequest("outcome must be done or failed.", {"fields": {"outcome": outcome}})
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
-    with transaction.atomic():
+    with journal_transaction():
         run = lock_run(agent, run_id)
         effect = lock_effect(agent, effect_id)
         holder = effect.claimed_run_id == run.pk and effect.claimed_attempt == attempt
@@ -180,7 +180,7 @@ def reconcile_effect(
         raise InvalidRequest("evidence is required.", {"fields": {"evidence": "required"}})
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
-    with transaction.atomic():
+    with journal_transaction():
         run = lock_run(agent, run_id)
         require_running_attempt(run, attempt)
         effect = lock_effect(agent, effect_id)

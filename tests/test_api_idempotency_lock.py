@@ -1,0 +1,204 @@
+"""The Idempotency-Key's advisory lock and the answer kept with the work (runs/idempotency.py).
+
+These tests commit for real: a second PostgreSQL connection holds the key's lock as a
+concurrent duplicate would, and a duplicate's kept answer must be one another
+transaction committed.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from runs import idempotency, lifecycle
+from runs.models import Attempt, IdempotentRequest, Run
+from tests.api_client import Api
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        connection.vendor != "postgresql", reason="the key's lock is PostgreSQL's advisory lock"
+    ),
+]
+
+
+@pytest.fixture
+def api(agent) -> Api:
+    return Api(agent.token)
+
+
+@pytest.fixture
+def other_connection():
+    """A second connection to the test database, outside Django's."""
+    db = settings.DATABASES["default"]
+    conn = psycopg.connect(
+        host=db["HOST"] or "127.0.0.1",
+        port=db["PORT"] or 5432,
+        user=db["USER"],
+        password=db.get("PASSWORD") or None,
+        dbname=db["NAME"],
+        autocommit=True,
+    )
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def _start(api: Api, key: str, run_key: str = "t"):
+    return api.post("/runs", {"run_key": run_key}, headers={"Idempotency-Key": key})
+
+
+def test_a_key_locked_by_another_transaction_is_request_in_progress_until_it_is_freed(
+    api, agent, other_connection
+):
+    lock = idempotency._lock_key(agent.token_hash, "busy-key")
+    other_connection.execute("SELECT pg_advisory_lock(%s)", [lock])
+
+    busy = _start(api, "busy-key")
+
+    assert busy.status == 409 and busy.code == "request_in_progress"
+    assert busy.headers["Retry-After"] == "1"
+    assert busy.body["error"]["details"] == {"idempotency_key": "busy-key"}
+    assert not Run.objects.exists()
+    assert not IdempotentRequest.objects.exists()
+
+    unlocked = other_connection.execute("SELECT pg_advisory_unlock(%s)", [lock]).fetchone()[0]
+    assert unlocked is True
+
+    first = _start(api, "busy-key")
+    again = _start(api, "busy-key")
+
+    assert first.status == again.status == 201
+    assert "Idempotent-Replayed" not in first.headers
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.body == first.body
+    assert Run.objects.count() == 1
+    assert IdempotentRequest.objects.get(key="busy-key").response_status == 201
+
+
+def test_the_lock_of_one_key_does_not_hold_another(api, agent, other_connection):
+    other_connection.execute(
+        "SELECT pg_advisory_lock(%s)", [idempotency._lock_key(agent.token_hash, "busy-key")]
+    )
+
+    answer = _start(api, "free-key")
+
+    assert answer.status == 201
+
+
+def test_a_duplicate_committed_before_the_lock_answers_the_kept_answer(api, agent, monkeypatch):
+    first = _start(api, "race-key")
+    assert first.status == 201
+    run = Run.objects.get()
+    attempts = Attempt.objects.filter(run=run).count()
+    real = idempotency.agent_and_key
+    seen = []
+
+    def read_before_the_duplicate_committed(request, key):
+        # The snapshot of a transaction that began before the first request's commit:
+        # it holds the lock (the first has let go of it) yet sees no kept answer.
+        found, locked, row = real(request, key)
+        seen.append((key, locked, row))
+        return found, locked, None
+
+    real_keep = idempotency._keep_answer
+    keeping = []
+
+    def keep(*args, **kwargs):
+        try:
+            real_keep(*args, **kwargs)
+        except Exception as exc:
+            keeping.append(type(exc).__name__)
+            raise
+        keeping.append("kept")
+
+    monkeypatch.setattr(idempotency, "agent_and_key", read_before_the_duplicate_committed)
+    monkeypatch.setattr(idempotency, "_keep_answer", keep)
+
+    again = _start(api, "race-key")
+
+    # It held the lock, so it ran; its answer met the kept row's unique key.
+    assert len(seen) == 1 and seen[0][1] is True and seen[0][2] is not None
+    assert keeping == ["_KeyTaken"]
+    assert again.status == 201
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.body == first.body
+    # The duplicate's work (a start of the same run_key) was rolled back with its answer.
+    assert Run.objects.count() == 1
+    assert Attempt.objects.filter(run=run).count() == attempts
+    kept = IdempotentRequest.objects.get(key="race-key")
+    assert kept.response_status == 201 and kept.completed_at is not None
+
+
+def test_a_server_error_keeps_nothing_and_the_retry_runs(api, monkeypatch):
+    real = lifecycle.start_run
+    calls = []
+
+    def start_then_fail(*args, **kwargs):
+        calls.append(real(*args, **kwargs))  # the work is done, then the request dies
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(lifecycle, "start_run", start_then_fail)
+
+    failed = _start(api, "crash-key")
+
+    assert len(calls) == 1
+    assert failed.status == 500 and failed.code == "internal_error"
+    assert not IdempotentRequest.objects.filter(key="crash-key").exists()
+    assert not Run.objects.exists()  # the work went with the answer
+
+    monkeypatch.setattr(lifecycle, "start_run", real)
+    retry = _start(api, "crash-key")
+
+    assert retry.status == 201
+    assert "Idempotent-Replayed" not in retry.headers
+    assert Run.objects.count() == 1
+    assert IdempotentRequest.objects.get(key="crash-key").response_status == 201
+
+
+def test_a_rule_that_fails_after_writing_rolls_the_request_back_and_keeps_its_answer(
+    api, monkeypatch
+):
+    """Inside the API's request transaction a rule has no savepoint of its own
+    (lifecycle.journal_transaction): when it fails after writing, the middleware rolls
+    the whole request back, and still keeps the error as the key's answer."""
+    from runs import outcomes
+    from runs.errors import ClaimConflict
+    from runs.models import AuditEvent, Effect
+
+    run = _start(api, "start").body["run"]
+    recorded = api.post(
+        f"/runs/{run['id']}/calls",
+        {
+            "attempt": 1,
+            "tool": "mail.send",
+            "kind": "effect",
+            "key": "m1",
+            "key_source": "intent",
+            "args": {"to": "a@example.com"},
+        },
+        headers={"Idempotency-Key": "record"},
+    )
+    effect_id = recorded.body["effect"]["id"]
+    real_save_effect = outcomes.save_effect
+
+    def save_then_fail(effect, *args, **kwargs):
+        real_save_effect(effect, *args, **kwargs)  # the effect's row and its event written
+        raise ClaimConflict("Failed after writing.", {"status": effect.status})
+
+    monkeypatch.setattr(outcomes, "save_effect", save_then_fail)
+    body = {"run_id": run["id"], "attempt": 1, "outcome": "done", "result": {"id": "x"}}
+    answer = api.post(f"/effects/{effect_id}/complete", body, headers={"Idempotency-Key": "done"})
+
+    assert answer.status == 409 and answer.code == "claim_conflict"
+    effect = Effect.objects.get(pk=effect_id)
+    assert effect.status == "in_flight" and effect.result is None
+    assert not AuditEvent.objects.filter(effect_id=effect_id, verb="completed").exists()
+    assert IdempotentRequest.objects.get(key="done").response_status == 409
+    monkeypatch.undo()
+    repeat = api.post(f"/effects/{effect_id}/complete", body, headers={"Idempotency-Key": "done"})
+    assert repeat.status == 409 and repeat.headers.get("Idempotent-Replayed") == "true"
+    assert Effect.objects.get(pk=effect_id).status == "in_flight"
