@@ -15,8 +15,8 @@ logger = logging.getLogger("startsafe.events")
 
 @receiver(post_save, sender=AuditEvent, dispatch_uid="startsafe_log_audit_event")
 def log_audit_event(sender, instance: AuditEvent, created: bool, **kwargs) -> None:
-    if not created:
-        return
+    if not created or not logger.isEnabledFor(logging.INFO):
+        return  # nothing to format: every write of the API's hot path sends this
     logger.info(
         kv(
             instance.verb,

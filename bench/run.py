@@ -432,7 +432,7 @@ def main() -> None:
             assert http.get(f"/bench/baseline/{first}").status_code == 200
             runs_file = var_dir / "runs.txt"
             with runs_file.open("w") as runs_out:
-                for n in range(4):
+                for n in range(args.connections):  # one run per write connection
                     started_run = http.post(
                         "/api/v1/runs",
                         json={"run_key": f"bench-writer-{n}", "heartbeat_timeout": 86400},
@@ -449,7 +449,10 @@ def main() -> None:
             "baseline": ("read.lua", {"BENCH_MODE": "baseline"}, 2, args.connections),
             "poll": ("read.lua", {"BENCH_MODE": "poll"}, 2, args.connections),
             "poll304": ("read.lua", {"BENCH_MODE": "poll304"}, 2, args.connections),
-            "write": ("write.lua", {}, 4, 4),
+            # As many connections as the reads (a path measured with fewer would leave
+            # workers idle between its requests): one wrk thread per connection,
+            # since each owns a run and the effect it just recorded.
+            "write": ("write.lua", {}, args.connections, args.connections),
         }
         log("warming up")
         for name, (script, extra, threads, conns) in plans.items():
