@@ -227,9 +227,15 @@ class Effect(models.Model):
     """Something a tool does to the world, recorded once and shared by every call naming its key."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="effects")
+    # No index of their own: effect_agent_created_idx and effect_run_key_idx lead with
+    # these columns (every index is written on every insert: docs/performance.md).
+    agent = models.ForeignKey(
+        Agent, on_delete=models.PROTECT, related_name="effects", db_index=False
+    )
     # The run that first recorded it; other runs of the agent may share it by key.
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="owned_effects")
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="owned_effects", db_index=False
+    )
     tool = models.CharField(max_length=100)
     key = models.CharField(max_length=255, null=True, blank=True)
     key_source = models.CharField(max_length=10, choices=KeySource.choices, null=True, blank=True)
@@ -339,8 +345,11 @@ class Call(models.Model):
     """One line of a run's journal: a tool call as one attempt recorded it."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="calls")
-    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="calls")
+    # Indexed by call_run_order_idx and call_seq_unique_per_attempt, which lead with them.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="calls", db_index=False)
+    attempt = models.ForeignKey(
+        Attempt, on_delete=models.CASCADE, related_name="calls", db_index=False
+    )
     attempt_number = models.PositiveIntegerField()
     seq = models.PositiveIntegerField()
     tool = models.CharField(max_length=100)
@@ -374,7 +383,10 @@ class EffectVersion(models.Model):
     content was frozen (approved, claimed, done, unknown, finally rejected).
     """
 
-    effect = models.ForeignKey(Effect, on_delete=models.CASCADE, related_name="versions")
+    # Indexed by effect_version_unique_number, which leads with it.
+    effect = models.ForeignKey(
+        Effect, on_delete=models.CASCADE, related_name="versions", db_index=False
+    )
     number = models.PositiveIntegerField()
     args = models.JSONField()
     args_hash = models.CharField(max_length=64)
@@ -409,10 +421,13 @@ class AuditEvent(models.Model):
     agent = models.ForeignKey(
         Agent, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # run and effect: indexed by audit_run_idx and audit_effect_idx, which lead with them.
+    run = models.ForeignKey(
+        Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
     attempt_number = models.PositiveIntegerField(null=True, blank=True)
     effect = models.ForeignKey(
-        Effect, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        Effect, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )
     old_status = models.CharField(max_length=20, blank=True, default="")
     new_status = models.CharField(max_length=20, blank=True, default="")
@@ -440,14 +455,17 @@ class AuditEvent(models.Model):
 
 
 class IdempotentRequest(models.Model):
-    """A POST's ``Idempotency-Key``, claimed in its own committed row before the work.
+    """A POST's ``Idempotency-Key`` and the answer kept with the work (runs/idempotency.py).
 
     A repeat with the same key gets the stored answer; a different body is refused
-    (422); a repeat while the first is still being processed is refused (409); a
-    request that died frees its key when ``locked_until`` passes.
+    (422); a repeat while the first is still being processed is refused (409: the
+    key's advisory lock is held). Rows are written with their answer; a row without
+    one (claimed before the work by the earlier design) is in progress until
+    ``locked_until`` passes.
     """
 
-    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="+")
+    # Indexed by idempotency_key_unique_per_agent, which leads with it.
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="+", db_index=False)
     key = models.CharField(max_length=255)
     method = models.CharField(max_length=10)
     path = models.CharField(max_length=500)
