@@ -58,15 +58,12 @@ class Recorded:
     effect: Effect | None
 
 
-def _lock_run_for_call(agent: Agent, run_id: Any, attempt: int) -> tuple[Run, int, int]:
-    """The run locked, its running attempt ``attempt``'s id and that attempt's last seq.
+def _lock_run_for_call(agent: Agent, run_id: Any, attempt: int) -> tuple[Run, Any]:
+    """The run locked, and the id of its running attempt ``attempt``.
 
     The attempt's id comes with the lock (one query fewer on the API's hot write
     path, docs/performance.md): that row existed before this request could name
-    its number. The last seq must be read after the lock, in a statement of its
-    own: a statement that waited for the lock still reads other tables as they
-    were when it began (READ COMMITTED), so it would miss the call the lock's
-    holder just committed and take the same seq.
+    its number.
     """
     runs, attempts = Run._meta.db_table, Attempt._meta.db_table
     lock_sql = (
@@ -82,16 +79,25 @@ def _lock_run_for_call(agent: Agent, run_id: Any, attempt: int) -> tuple[Run, in
             [attempt, rowsql.db_value(Run, "id", run_id), rowsql.db_value(Run, "agent", agent.pk)],
         )
         row = cursor.fetchone()
-        if row is None:
-            raise NotFound("No such run for this agent.")
-        run = rowsql.instance(Run, row)
-        require_current_and_running(run, attempt)
-        attempt_id = row[-1]
-        cursor.execute(
-            f"SELECT MAX(seq) FROM {Call._meta.db_table} WHERE attempt_id = %s", [attempt_id]
-        )
-        (last_seq,) = cursor.fetchone()
-    return run, attempt_id, last_seq or 0
+    if row is None:
+        raise NotFound("No such run for this agent.")
+    run = rowsql.instance(Run, row)
+    require_current_and_running(run, attempt)
+    return run, row[-1]
+
+
+# The last seq of an attempt. It must be read after the run's lock, by a statement
+# that starts after it: a statement that waited for the lock still reads other
+# tables as they were when it began (READ COMMITTED), so it would miss the call
+# the lock's holder just committed and take the same seq.
+_LAST_SEQ = f"SELECT MAX(seq) FROM {Call._meta.db_table} WHERE attempt_id = %s"
+
+
+def _last_seq(attempt_id: Any) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(_LAST_SEQ, [attempt_id])
+        (last,) = cursor.fetchone()
+    return last or 0
 
 
 def record_call(
@@ -134,12 +140,11 @@ def record_call(
     actor = Actor.for_agent(agent)
     digest = compute_args_hash(args)
     with journal_transaction():
-        run, attempt_id, last_seq = _lock_run_for_call(agent, run_id, attempt)
+        run, attempt_id = _lock_run_for_call(agent, run_id, attempt)
         call = Call(
             run=run,
             attempt_id=attempt_id,
             attempt_number=attempt,
-            seq=last_seq + 1,
             tool=tool,
             kind=kind,
             args=args,
@@ -147,6 +152,7 @@ def record_call(
             at=now,
         )
         if kind == CallKind.READ:
+            call.seq = _last_seq(attempt_id) + 1
             call.action = Action.EXECUTE
             rowsql.write(inserts=[call])
             return Recorded(call, Action.EXECUTE, None)
@@ -158,9 +164,10 @@ def record_call(
             "timeout": timeout,
             "preview": preview or "",
         }
-        effect, created = _find_or_create_effect(
-            agent, run, attempt, tool, key, key_source, args, digest, declared, now
+        effect, created, last_seq = _find_or_create_effect(
+            agent, run, attempt, attempt_id, tool, key, key_source, args, digest, declared, now
         )
+        call.seq = (last_seq if last_seq is not None else _last_seq(attempt_id)) + 1
         rows: list = []  # written together at the end: one statement (runs/rowsql.py)
         if created:
             version_adopted = True
@@ -238,6 +245,7 @@ def _find_or_create_effect(
     agent: Agent,
     run: Run,
     attempt: int,
+    attempt_id: Any,
     tool: str,
     key: str | None,
     key_source: str | None,
@@ -245,8 +253,9 @@ def _find_or_create_effect(
     digest: str,
     declared: dict,
     now: datetime,
-) -> tuple[Effect, bool]:
-    """The effect a call names: the existing one for its key (locked), or a new one.
+) -> tuple[Effect, bool, int | None]:
+    """The effect a call names (the existing one for its key, locked, or a new one),
+    whether it is new, and the attempt's last seq when it came with the insert.
 
     A new key is one statement: the insert, unless the key is taken or has a
     tombstone (``_insert_new_key``). Otherwise the existing effect is read under
@@ -256,12 +265,13 @@ def _find_or_create_effect(
     effect = _new_effect(agent, run, attempt, tool, key, key_source, args, digest, declared, now)
     if key is None:
         rowsql.write(inserts=[effect])
-        return effect, True
-    if _insert_new_key(effect):
-        return effect, True
+        return effect, True, None
+    inserted, last_seq = _insert_new_key(effect, attempt_id)
+    if inserted:
+        return effect, True, last_seq
     existing = rowsql.fetch(Effect, agent_id=agent.pk, key=key, lock=True)
     if existing is not None:
-        return existing, False
+        return existing, False, last_seq
     tombstone = KeyTombstone.objects.filter(agent=agent, key=key).first()
     if tombstone is not None:
         if tombstone.tool != tool:
@@ -271,7 +281,7 @@ def _find_or_create_effect(
             )
         restored = _restore_from_tombstone(tombstone, run, now)
         if restored is not None:
-            return restored, False
+            return restored, False, last_seq
     # Two calls racing to create one key: one insert wins; the loser's insert waits
     # for the winner's commit, fails on the unique constraint inside a savepoint,
     # and reads the winner's row under lock instead of failing.
@@ -279,8 +289,8 @@ def _find_or_create_effect(
         with transaction.atomic():
             effect.save(force_insert=True)
     except IntegrityError:
-        return Effect.objects.select_for_update().get(agent=agent, key=key), False
-    return effect, True
+        return Effect.objects.select_for_update().get(agent=agent, key=key), False, last_seq
+    return effect, True, last_seq
 
 
 def _new_effect(
@@ -322,28 +332,38 @@ def _new_effect(
     return effect
 
 
-def _insert_new_key(effect: Effect) -> bool:
-    """Insert the effect of a new key in one statement; False if the key is taken or
-    has a tombstone (nothing is written then).
+def _insert_new_key(effect: Effect, attempt_id: Any) -> tuple[bool, int | None]:
+    """Insert the effect of a new key in one statement, unless the key is taken or
+    has a tombstone (then nothing is written): whether it was inserted, and (on
+    PostgreSQL, in the same statement) the attempt's last seq.
 
     ``ON CONFLICT DO NOTHING``: a concurrent insert of the same key makes this one
     wait for its commit, then do nothing, so the caller reads that effect instead.
+    The seq is read right: this statement starts after the run's lock was taken.
     """
     insert_into, values = rowsql.insert_statement(effect)
-    sql = (
+    insert = (
         f"{insert_into} SELECT {', '.join(['%s'] * len(values))} WHERE NOT EXISTS "
         f"(SELECT 1 FROM {KeyTombstone._meta.db_table} WHERE agent_id = %s AND key = %s) "
         "ON CONFLICT (agent_id, key) WHERE key IS NOT NULL DO NOTHING RETURNING id"
     )
+    params = [*values, rowsql.db_value(Effect, "agent", effect.agent_id), effect.key]
     with connection.cursor() as cursor:
-        cursor.execute(
-            sql, [*values, rowsql.db_value(Effect, "agent", effect.agent_id), effect.key]
-        )
-        inserted = cursor.fetchone() is not None
+        if connection.vendor == "postgresql":
+            # SQLite takes no INSERT inside WITH; there the seq is read on its own.
+            cursor.execute(
+                f"WITH inserted AS ({insert}) SELECT (SELECT id FROM inserted), ({_LAST_SEQ})",
+                [*params, attempt_id],
+            )
+            inserted_id, last_seq = cursor.fetchone()
+            inserted, last_seq = inserted_id is not None, last_seq or 0
+        else:
+            cursor.execute(insert, params)
+            inserted, last_seq = cursor.fetchone() is not None, None
     if inserted:
         effect._state.adding = False
         effect._state.db = connection.alias
-    return inserted
+    return inserted, last_seq
 
 
 # What a pruned key comes back as (product.md rule 8: keys do not expire). An
