@@ -267,7 +267,7 @@ def _find_or_create_effect(
         rowsql.write(inserts=[effect])
         return effect, True, None
     inserted, last_seq = _insert_new_key(effect, attempt_id)
-    if inserted:
+    if inserted and not _tombstoned_meanwhile(effect):
         return effect, True, last_seq
     existing = rowsql.fetch(Effect, agent_id=agent.pk, key=key, lock=True)
     if existing is not None:
@@ -291,6 +291,20 @@ def _find_or_create_effect(
     except IntegrityError:
         return Effect.objects.select_for_update().get(agent=agent, key=key), False, last_seq
     return effect, True, last_seq
+
+
+def _tombstoned_meanwhile(effect: Effect) -> bool:
+    """Whether ``prune`` tombstoned the key while the insert waited (then undone).
+
+    The insert's ``NOT EXISTS`` reads the tombstones as they were when its statement
+    began; if it then waited on the key's old effect, which a prune was deleting,
+    the prune's tombstone committed unseen. A statement of its own sees it, and the
+    call then takes the tombstone's path (rule 8: keys do not expire)."""
+    if not KeyTombstone.objects.filter(agent_id=effect.agent_id, key=effect.key).exists():
+        return False
+    Effect.objects.filter(pk=effect.pk).delete()
+    effect._state.adding = True
+    return True
 
 
 def _new_effect(

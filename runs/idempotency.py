@@ -86,7 +86,8 @@ _AGENT_AND_KEY_SQL = (
 def _lock_key(token_hash: str, key: str) -> int:
     """The advisory lock's number: 64 bits of SHA-256 over the token's hash and the key.
 
-    Two keys that share it (one chance in 2**64) only make one wait for the other."""
+    Two keys that share it (one chance in 2**64): the second answers 409 while the
+    first runs, and the client retries it."""
     digest = hashlib.sha256(f"{token_hash}\n{key}".encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
 
@@ -245,7 +246,8 @@ def _answer_from_key(row, key: str, fingerprint: str, locked: bool) -> HttpRespo
 
 _KEEP_SQL = (
     f"UPDATE {IdempotentRequest._meta.db_table} "
-    "SET response_status = %s, response_body = %s, completed_at = %s WHERE id = %s"
+    "SET response_status = %s, response_body = %s, completed_at = %s "
+    "WHERE id = %s AND completed_at IS NULL"
 )
 
 
@@ -262,6 +264,8 @@ def _keep_answer(agent, key, request, fingerprint, row, response: HttpResponse) 
         ]
         with connection.cursor() as cursor:
             cursor.execute(_KEEP_SQL, params)
+            if cursor.rowcount == 0:
+                raise _KeyTaken  # a duplicate answered the lapsed claim first
         return
     kept = IdempotentRequest(
         agent=agent,

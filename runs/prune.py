@@ -135,32 +135,51 @@ def prune_finished_runs(
         .distinct()
     )
     for agent_id in list(agent_ids):
-        with transaction.atomic():
-            candidates = dict(
-                Run.objects.select_for_update()
-                .filter(
-                    agent_id=agent_id,
-                    status__in=FINISHED_RUN_STATUSES,
-                    updated_at__lt=cutoff,
-                )
-                .values_list("pk", "run_key")
-            )
-            # Lock the effects they own: a concurrent record_call of one of these keys
-            # waits on the row, then (once it is gone) finds the tombstone.
-            list(Effect.objects.select_for_update().filter(run_id__in=candidates))
-            runs = _prunable(set(candidates), agent_id)
-            report.kept_shared += len(candidates) - len(runs)
-            if not runs:
-                continue
-            keyed = Effect.objects.filter(run_id__in=runs, key__isnull=False)
-            report.runs += len(runs)
-            if dry_run:
-                report.tombstones += keyed.count()
-                continue
-            for effect in keyed:
-                _tombstone(effect, candidates, now)
-                report.tombstones += 1
-            _, per_model = Run.objects.filter(pk__in=runs).delete()
-            for label, count in per_model.items():
-                report.deleted[label] += count
+        after = None
+        while True:
+            batch = _prune_batch(agent_id, cutoff, after, now, dry_run, report)
+            if batch is None:
+                break
+            after = batch
     return report
+
+
+# Runs per transaction. PostgreSQL takes at most 65,535 parameters a statement with
+# server-side binding, and the delete's cascade names every call of the batch.
+PRUNE_BATCH = 1000
+
+
+def _prune_batch(agent_id, cutoff, after, now, dry_run, report):
+    """Prune one batch of an agent's runs (by id, after ``after``); the batch's last
+    id, or None when there is none left."""
+    with transaction.atomic():
+        candidates_qs = (
+            Run.objects.select_for_update()
+            .filter(agent_id=agent_id, status__in=FINISHED_RUN_STATUSES, updated_at__lt=cutoff)
+            .order_by("pk")
+        )
+        if after is not None:
+            candidates_qs = candidates_qs.filter(pk__gt=after)
+        candidates = dict(candidates_qs.values_list("pk", "run_key")[:PRUNE_BATCH])
+        if not candidates:
+            return None
+        last = max(candidates)
+        # Lock the effects they own: a concurrent record_call of one of these keys
+        # waits on the row, then (once it is gone) finds the tombstone.
+        list(Effect.objects.select_for_update().filter(run_id__in=candidates))
+        runs = _prunable(set(candidates), agent_id)
+        report.kept_shared += len(candidates) - len(runs)
+        if not runs:
+            return last
+        keyed = Effect.objects.filter(run_id__in=runs, key__isnull=False)
+        report.runs += len(runs)
+        if dry_run:
+            report.tombstones += keyed.count()
+            return last
+        for effect in keyed:
+            _tombstone(effect, candidates, now)
+            report.tombstones += 1
+        _, per_model = Run.objects.filter(pk__in=runs).delete()
+        for label, count in per_model.items():
+            report.deleted[label] += count
+    return last
