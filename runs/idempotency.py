@@ -141,14 +141,9 @@ class IdempotencyMiddleware:
         try:
             with transaction.atomic():
                 agent, locked, row = agent_and_key(request, key)
-                if agent is None:
-                    return self.get_response(request)  # the API answers 401
-                try:
-                    # Counted before the work: a refused request must not become the
-                    # key's kept answer, or the client's retry would meet its 429 forever.
-                    check_rate_limit(request, agent)
-                except RateLimited as exc:
-                    return rate_limited_response(exc)
+                refused = self._refused(request, agent)
+                if refused is not None:
+                    return refused
                 answer = _answer_from_key(row, key, fingerprint, locked)
                 if answer is not None:
                     return answer
@@ -180,15 +175,24 @@ class IdempotencyMiddleware:
         row = IdempotentRequest.objects.filter(agent=agent_for_request(request), key=key).first()
         return _answer_from_key(row, key, fingerprint, locked=False)
 
-    def _invalid_key(self, request) -> HttpResponse:
-        """400, after the checks every request meets first (the token, the rate)."""
-        agent = agent_for_request(request)
+    def _refused(self, request, agent) -> HttpResponse | None:
+        """The API's 401 without an agent, or 429 over the rate; None to go on.
+
+        Counted before the work: a refused request must not become the key's kept
+        answer, or the client's retry would meet its 429 forever."""
         if agent is None:
             return self.get_response(request)  # the API answers 401
         try:
             check_rate_limit(request, agent)
         except RateLimited as exc:
             return rate_limited_response(exc)
+        return None
+
+    def _invalid_key(self, request) -> HttpResponse:
+        """400, after the checks every request meets first (the token, the rate)."""
+        refused = self._refused(request, agent_for_request(request))
+        if refused is not None:
+            return refused
         return error_response(
             400,
             "invalid_request",
