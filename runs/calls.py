@@ -300,7 +300,7 @@ def _tombstoned_meanwhile(effect: Effect) -> bool:
     began; if it then waited on the key's old effect, which a prune was deleting,
     the prune's tombstone committed unseen. A statement of its own sees it, and the
     call then takes the tombstone's path (rule 8: keys do not expire)."""
-    if not KeyTombstone.objects.filter(agent_id=effect.agent_id, key=effect.key).exists():
+    if not rowsql.exists(KeyTombstone, agent_id=effect.agent_id, key=effect.key):
         return False
     Effect.objects.filter(pk=effect.pk).delete()
     effect._state.adding = True

@@ -118,18 +118,33 @@ def db_value(model: type[Model], field: str, value: Any) -> Any:
     return model._meta.get_field(field).get_db_prep_value(value, _db())
 
 
+def _where(t: _Table, db, equal: dict[str, Any]) -> tuple[str, list[Any]]:
+    fields = [(t.model._meta.get_field(name), value) for name, value in equal.items()]
+    where = " AND ".join(f"{t.name}.{t.quote(f.column)} = %s" for f, _ in fields)
+    return where, [f.get_db_prep_value(value, db) for f, value in fields]
+
+
 def fetch(model: type[Model], *, lock: bool = False, **equal: Any):
     """The one row whose fields equal ``equal`` (by attname) as an instance, locked
     if asked; None if there is none."""
     db = _db()
     t = table(model, db)
-    fields = [(model._meta.get_field(name), value) for name, value in equal.items()]
-    where = " AND ".join(f"{t.name}.{t.quote(f.column)} = %s" for f, _ in fields)
-    params = [f.get_db_prep_value(value, db) for f, value in fields]
+    where, params = _where(t, db, equal)
     with db.cursor() as cursor:
         cursor.execute(f"{t.select} WHERE {where}{lock_clause(db) if lock else ''}", params)
         row = cursor.fetchone()
     return None if row is None else t.instance(row, db)
+
+
+def exists(model: type[Model], **equal: Any) -> bool:
+    """Whether a row's fields equal ``equal`` (by attname): ``QuerySet.exists()``
+    without compiling a query."""
+    db = _db()
+    t = table(model, db)
+    where, params = _where(t, db, equal)
+    with db.cursor() as cursor:
+        cursor.execute(f"SELECT 1 FROM {t.name} WHERE {where} LIMIT 1", params)
+        return cursor.fetchone() is not None
 
 
 def insert_statement(obj: Model) -> tuple[str, list[Any]]:

@@ -89,6 +89,18 @@ def test_fetch_returns_none_when_no_row_matches(agent):
     assert rowsql.fetch(Effect, agent_id=agent.pk, key="no-such-key") is None
 
 
+def test_exists_answers_whether_a_row_matches_in_one_statement(agent):
+    effect = _effect(agent)
+
+    with CaptureQueriesContext(connection) as queries:
+        found = rowsql.exists(Effect, agent_id=agent.pk, key="outlook:message:1")
+        missing = rowsql.exists(Effect, agent_id=agent.pk, key="no-such-key")
+
+    assert found is True and missing is False
+    assert rowsql.exists(Effect, id=effect.pk) is True
+    assert len(queries) == 2
+
+
 @on_postgresql
 def test_a_locked_fetch_asks_for_update(agent):
     effect = _effect(agent)
