@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from runs import rowsql
@@ -113,6 +113,37 @@ def lock_effect(agent: Agent, effect_id: Any) -> Effect:
     if effect is None:
         raise NotFound("No such effect for this agent.")
     return effect
+
+
+def lock_run_and_effect(agent: Agent, run_id: Any, effect_id: Any) -> tuple[Run, Effect]:
+    """The agent's run and effect, both locked, the run first (the order above).
+
+    On PostgreSQL one statement (``FOR UPDATE OF`` locks in the order it names):
+    the agent's report is on the API's hot write path (docs/performance.md). When
+    it finds nothing, the two locks are taken one by one, for the right NotFound.
+    """
+    if not rowsql.on_postgresql():
+        return lock_run(agent, run_id), lock_effect(agent, effect_id)
+    runs, effects = rowsql.table(Run), rowsql.table(Effect)
+    sql = (
+        f"SELECT {runs.column_list}, {effects.column_list} "
+        f"FROM {runs.name} JOIN {effects.name} ON {effects.name}.id = %s "
+        f"AND {effects.name}.agent_id = %s WHERE {runs.name}.id = %s AND {runs.name}.agent_id = %s "
+        f"FOR UPDATE OF {runs.name}, {effects.name}"
+    )
+    params = [
+        rowsql.db_value(Effect, "id", effect_id),
+        rowsql.db_value(Effect, "agent", agent.pk),
+        rowsql.db_value(Run, "id", run_id),
+        rowsql.db_value(Run, "agent", agent.pk),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return lock_run(agent, run_id), lock_effect(agent, effect_id)
+    split = len(runs.fields)
+    return rowsql.instance(Run, row[:split]), rowsql.instance(Effect, row[split:])
 
 
 def require_not_finished(run: Run) -> None:

@@ -26,6 +26,7 @@ from runs.lifecycle import (
     journal_transaction,
     lock_effect,
     lock_run,
+    lock_run_and_effect,
     released_status,
     require_running_attempt,
     save_effect,
@@ -91,8 +92,7 @@ def complete_effect(
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
     with journal_transaction():
-        run = lock_run(agent, run_id)
-        effect = lock_effect(agent, effect_id)
+        run, effect = lock_run_and_effect(agent, run_id, effect_id)
         holder = effect.claimed_run_id == run.pk and effect.claimed_attempt == attempt
         report = {"outcome": outcome, "result": result, "error": error, "attempt": attempt}
         if holder and effect.status == EffectStatus.DONE and outcome == "done":

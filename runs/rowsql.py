@@ -93,6 +93,10 @@ def table(model: type[Model], db=None) -> _Table:
     return found
 
 
+def on_postgresql() -> bool:
+    return _db().vendor == "postgresql"
+
+
 def lock_clause(db=None) -> str:
     """``FOR UPDATE`` where the database has row locks (SQLite locks the whole file)."""
     return " FOR UPDATE" if (db or _db()).features.has_select_for_update else ""
