@@ -11,7 +11,9 @@ A middleware, so it sees every answer the API gives, validation errors included:
    another request with that key is ``422 idempotency_key_reused``.
 4. Answers below 500 are kept in the same transaction as the work: a connection
    cut between the two can never leave work done without its answer (which a
-   retry would do again). A 5xx rolls the work back and keeps nothing; so does a
+   retry would do again). On PostgreSQL the rule's last write waits and goes in
+   one statement with the answer (``rowsql.deferred_writes``): one round trip
+   fewer on every keyed POST. A 5xx rolls the work back and keeps nothing; so does a
    request that died, and the lock goes with its transaction, so the key is free
    at once. (Rows of the earlier design, claimed before the work, still count as
    in progress until their 60-second lease lapses.)
@@ -147,15 +149,17 @@ class IdempotencyMiddleware:
                 answer = _answer_from_key(row, key, fingerprint, locked)
                 if answer is not None:
                     return answer
-                with request_transaction():
-                    response = self.get_response(request)
-                if response.status_code >= 500 or getattr(response, "streaming", False):
-                    raise _NotKept(response)  # roll the work back: nothing is kept
-                if connection.needs_rollback:
-                    # A rule failed (its error is the answer); it ran without a
-                    # savepoint, so the request rolls back, and its answer is kept after.
-                    raise _RolledBack(response)
-                _keep_answer(agent, key, request, fingerprint, row, response)
+                # The rule's last write waits, to go in one statement with the answer.
+                with rowsql.deferred_writes():
+                    with request_transaction():
+                        response = self.get_response(request)
+                    if response.status_code >= 500 or getattr(response, "streaming", False):
+                        raise _NotKept(response)  # roll the work back: nothing is kept
+                    if connection.needs_rollback:
+                        # A rule failed (its error is the answer); it ran without a
+                        # savepoint, so the request rolls back, and its answer is kept after.
+                        raise _RolledBack(response)
+                    _keep_answer(agent, key, request, fingerprint, row, response)
         except _NotKept as not_kept:
             return not_kept.response
         except _RolledBack as rolled_back:
@@ -284,9 +288,17 @@ def _keep_answer(agent, key, request, fingerprint, row, response: HttpResponse) 
         locked_until=now,
     )
     try:
-        rowsql.write(inserts=[kept])
-    except IntegrityError:
+        rowsql.flush(inserts=[kept])  # with the rule's last write, if one waits
+    except IntegrityError as exc:
+        if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) not in (
+            None,
+            _KEY_UNIQUE,
+        ):
+            raise  # the work's own write failed, not the key's
         raise _KeyTaken from None
+
+
+_KEY_UNIQUE = "idempotency_key_unique_per_agent"
 
 
 class _NotKept(Exception):  # noqa: N818 - a signal, not an error

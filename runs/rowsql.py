@@ -23,7 +23,9 @@ them: audit events and argument versions are found by their effect).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -163,11 +165,74 @@ def write(inserts: Iterable[Model] = (), updates: Iterable[Model] = ()) -> None:
 
     Rows of one model inserted together share one ``VALUES`` list. On PostgreSQL
     the whole write is one statement; elsewhere one statement per model or row.
+    Inside ``deferred_writes`` the write waits for the next statement instead.
     """
     db = _db()
     inserts, updates = list(inserts), list(updates)
-    for obj in (*inserts, *updates):
+    _send_pre_save(db, [*inserts, *updates])
+    waiting = _waiting.get()
+    if waiting is None:
+        _write_now(db, inserts, updates)
+        return
+    if waiting:
+        _write_now(db, *waiting.pop())  # one write waits at a time: the order holds
+    waiting.append((inserts, updates))
+
+
+# The write that waits (``deferred_writes``): none outside one; inside, a list of at
+# most one (inserts, updates).
+_waiting: ContextVar[list | None] = ContextVar("rowsql_waiting", default=None)
+
+
+@contextmanager
+def deferred_writes() -> Iterator[None]:
+    """Let the last write of a request share a statement with what follows it.
+
+    The API keeps each keyed answer with the work (``runs/idempotency.py``): the
+    rule's last write and the kept answer are two statements one after the other.
+    Inside this block a ``write`` waits; any other statement on the connection
+    first sends it (an execute wrapper), so every read sees it and the order of
+    writes is the order of the calls; ``flush`` sends it with rows of its own, as
+    one statement (PostgreSQL). What still waits when the block ends is dropped:
+    the caller ends the block only by sending it or by rolling back.
+    """
+    db = _db()
+    if db.vendor != "postgresql":
+        yield  # each row is its own statement there: nothing to share
+        return
+    marker = _waiting.set([])
+    try:
+        with db.execute_wrapper(_send_waiting_first):
+            yield
+    finally:
+        _waiting.reset(marker)
+
+
+def _send_waiting_first(execute, sql, params, many, context):
+    waiting = _waiting.get()
+    if waiting:
+        _write_now(context["connection"], *waiting.pop())
+    return execute(sql, params, many, context)
+
+
+def flush(inserts: Iterable[Model] = ()) -> None:
+    """Send the write that waits (``deferred_writes``) now, with ``inserts`` in the
+    same statement; rows of ``inserts`` must be rows the waiting write does not
+    touch (one statement modifies a row once). Without one, ``write(inserts)``."""
+    db = _db()
+    inserts = list(inserts)
+    _send_pre_save(db, inserts)
+    waiting = _waiting.get()
+    waiting_inserts, waiting_updates = waiting.pop() if waiting else ([], [])
+    _write_now(db, [*waiting_inserts, *inserts], waiting_updates)
+
+
+def _send_pre_save(db, objs: list[Model]) -> None:
+    for obj in objs:
         pre_save.send(sender=type(obj), instance=obj, raw=False, using=db.alias)
+
+
+def _write_now(db, inserts: list[Model], updates: list[Model]) -> None:
     statements = [_update(obj, db) for obj in updates]
     by_model: dict[type[Model], list[Model]] = {}
     for obj in inserts:

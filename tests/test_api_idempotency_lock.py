@@ -7,13 +7,19 @@ transaction committed.
 
 from __future__ import annotations
 
+import json
+import uuid
+
 import psycopg
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
+from django.http import HttpResponse
+from django.test import RequestFactory
+from django.test.utils import CaptureQueriesContext
 
-from runs import idempotency, lifecycle
-from runs.models import Attempt, IdempotentRequest, Run
+from runs import idempotency, lifecycle, rowsql
+from runs.models import Attempt, Effect, IdempotentRequest, Run
 from tests.api_client import Api
 
 pytestmark = [
@@ -202,3 +208,49 @@ def test_a_rule_that_fails_after_writing_rolls_the_request_back_and_keeps_its_an
     repeat = api.post(f"/effects/{effect_id}/complete", body, headers={"Idempotency-Key": "done"})
     assert repeat.status == 409 and repeat.headers.get("Idempotent-Replayed") == "true"
     assert Effect.objects.get(pk=effect_id).status == "in_flight"
+
+
+_CALL = {
+    "attempt": 1,
+    "tool": "email.send",
+    "kind": "effect",
+    "key": "msg-1",
+    "key_source": "intent",
+    "args": {"to": "a@example.com"},
+}
+
+
+def test_the_kept_answer_goes_in_one_statement_with_the_rules_last_write(api):
+    run_id = _start(api, "start-key").body["run"]["id"]
+
+    with CaptureQueriesContext(connection) as queries:
+        recorded = api.post(f"/runs/{run_id}/calls", _CALL, headers={"Idempotency-Key": "call-1"})
+
+    assert recorded.status == 201
+    kept = [q["sql"] for q in queries if 'INSERT INTO "runs_idempotentrequest"' in q["sql"]]
+    assert len(kept) == 1
+    assert kept[0].startswith("WITH ") and 'INSERT INTO "runs_call"' in kept[0]
+    stored = IdempotentRequest.objects.get(key="call-1")
+    assert stored.response_status == 201
+    assert json.loads(bytes(stored.response_body)) == recorded.body
+
+
+def test_a_failing_waiting_write_is_its_own_error_not_a_taken_key(api, agent):
+    """Only the key's own unique constraint means a duplicate answered first."""
+    run_id = _start(api, "start-key").body["run"]["id"]
+    assert api.post(f"/runs/{run_id}/calls", _CALL).status == 201
+    copy = Effect.objects.get(key="msg-1")
+    copy.pk = uuid.uuid4()  # the same key again: the effect's own unique constraint
+    request = RequestFactory().post("/api/v1/x", data=b"{}", content_type="application/json")
+    answer = HttpResponse(b"{}", status=200, content_type="application/json")
+
+    with pytest.raises(IntegrityError), transaction.atomic(), rowsql.deferred_writes():
+        rowsql.write(inserts=[copy])
+        idempotency._keep_answer(agent, "fresh-key", request, "fp", None, answer)
+    with transaction.atomic(), rowsql.deferred_writes():
+        idempotency._keep_answer(agent, "fresh-key", request, "fp", None, answer)
+    with pytest.raises(idempotency._KeyTaken), transaction.atomic(), rowsql.deferred_writes():
+        idempotency._keep_answer(agent, "fresh-key", request, "fp", None, answer)
+
+    assert Effect.objects.filter(key="msg-1").count() == 1
+    assert IdempotentRequest.objects.filter(key="fresh-key").count() == 1
