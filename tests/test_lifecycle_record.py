@@ -387,3 +387,17 @@ def test_every_adopted_or_drifted_version_is_kept(agent, operator):
         (2, True),
         (3, False),
     ]
+
+
+def test_runs_effects_and_calls_get_time_ordered_ids(agent):
+    """Version 7: each new id sorts after the ones made before it (runs.models)."""
+    first_run, second_run = start(agent, "a").run, start(agent, "b").run
+    first = send(agent, first_run, key="k-1").effect
+    second = send(agent, first_run, key="k-2").effect
+    calls = list(Call.objects.filter(run=first_run).order_by("seq"))
+
+    for made in (first_run, second_run, first, second, *calls):
+        assert made.pk.version == 7
+    assert first_run.pk < second_run.pk
+    assert first.pk < second.pk
+    assert [c.pk for c in calls] == sorted(c.pk for c in calls)
