@@ -73,7 +73,7 @@ def _lock_run_for_call(agent: Agent, run_id: Any, attempt: int) -> tuple[Run, An
         )
         + f" WHERE {runs}.id = %s AND {runs}.agent_id = %s{rowsql.lock_clause()}"
     )
-    with connection.cursor() as cursor:
+    with rowsql.cursor() as cursor:
         cursor.execute(
             lock_sql,
             [attempt, rowsql.db_value(Run, "id", run_id), rowsql.db_value(Run, "agent", agent.pk)],
@@ -94,7 +94,7 @@ _LAST_SEQ = f"SELECT MAX(seq) FROM {Call._meta.db_table} WHERE attempt_id = %s"
 
 
 def _last_seq(attempt_id: Any) -> int:
-    with connection.cursor() as cursor:
+    with rowsql.cursor() as cursor:
         cursor.execute(_LAST_SEQ, [attempt_id])
         (last,) = cursor.fetchone()
     return last or 0
@@ -362,7 +362,7 @@ def _insert_new_key(effect: Effect, attempt_id: Any) -> tuple[bool, int | None]:
         "ON CONFLICT (agent_id, key) WHERE key IS NOT NULL DO NOTHING RETURNING id"
     )
     params = [*values, rowsql.db_value(Effect, "agent", effect.agent_id), effect.key]
-    with connection.cursor() as cursor:
+    with rowsql.cursor() as cursor:
         if connection.vendor == "postgresql":
             # SQLite takes no INSERT inside WITH; there the seq is read on its own.
             cursor.execute(

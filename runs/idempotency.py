@@ -106,7 +106,7 @@ def agent_and_key(request, key: str) -> tuple[Agent | None, bool, IdempotentRequ
     if token is None or len(token) > 200 or not token.isprintable():
         return agent_for_request(request), False, None  # None: the API answers 401
     digest = hash_token(token)
-    with connection.cursor() as cursor:
+    with rowsql.cursor() as cursor:
         cursor.execute(_AGENT_AND_KEY_SQL, [_lock_key(digest, key), key, digest])
         row = cursor.fetchone()
     if row is None:
@@ -270,7 +270,7 @@ def _keep_answer(agent, key, request, fingerprint, row, response: HttpResponse) 
             meta.get_field("completed_at").get_db_prep_save(now, connection),
             row.pk,
         ]
-        with connection.cursor() as cursor:
+        with rowsql.cursor() as cursor:
             cursor.execute(_KEEP_SQL, params)
             if cursor.rowcount == 0:
                 raise _KeyTaken  # a duplicate answered the lapsed claim first

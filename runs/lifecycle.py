@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from runs import rowsql
@@ -137,7 +137,7 @@ def lock_run_and_effect(agent: Agent, run_id: Any, effect_id: Any) -> tuple[Run,
         rowsql.db_value(Run, "id", run_id),
         rowsql.db_value(Run, "agent", agent.pk),
     ]
-    with connection.cursor() as cursor:
+    with rowsql.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:

@@ -87,6 +87,43 @@ class _Table:
 _tables: dict[tuple[type[Model], str], _Table] = {}
 
 
+class _Reused:
+    """``with`` support for a cursor that outlives the block (``cursor()``)."""
+
+    __slots__ = ("wrapper",)
+
+    def __init__(self, wrapper) -> None:
+        self.wrapper = wrapper
+
+    def __enter__(self):
+        return self.wrapper
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+def cursor(db=None):
+    """A cursor on the default database for ``with``, reused while the connection is
+    the same one: creating Django's cursor wrapper and psycopg's cursor cost about
+    as much client CPU as sending a short prepared statement (docs/performance.md),
+    and the API's hot writes send five or six a request.
+
+    It is Django's own ``CursorWrapper``: errors are Django's, and a statement after
+    a failed one in an atomic block is refused as ever. While queries are being
+    logged (``DEBUG``, ``CaptureQueriesContext``) each block gets a new logging one.
+    """
+    db = db or _db()
+    if db.queries_logged:
+        return db.cursor()
+    raw = db.connection
+    kept = db.__dict__.get("_rowsql_cursor")
+    if kept is not None and raw is not None and kept[0] is raw and not raw.closed:
+        return _Reused(kept[1])
+    wrapper = db.cursor()  # connects if needed
+    db._rowsql_cursor = (db.connection, wrapper)
+    return _Reused(wrapper)
+
+
 def table(model: type[Model], db=None) -> _Table:
     db = db or _db()
     found = _tables.get((model, db.vendor))
@@ -136,9 +173,9 @@ def fetch(model: type[Model], *, lock: bool = False, **equal: Any):
     db = _db()
     t = table(model, db)
     where, params = _where(t, db, equal)
-    with db.cursor() as cursor:
-        cursor.execute(f"{t.select} WHERE {where}{lock_clause(db) if lock else ''}", params)
-        row = cursor.fetchone()
+    with cursor(db) as cur:
+        cur.execute(f"{t.select} WHERE {where}{lock_clause(db) if lock else ''}", params)
+        row = cur.fetchone()
     return None if row is None else t.instance(row, db)
 
 
@@ -148,9 +185,9 @@ def exists(model: type[Model], **equal: Any) -> bool:
     db = _db()
     t = table(model, db)
     where, params = _where(t, db, equal)
-    with db.cursor() as cursor:
-        cursor.execute(f"SELECT 1 FROM {t.name} WHERE {where} LIMIT 1", params)
-        return cursor.fetchone() is not None
+    with cursor(db) as cur:
+        cur.execute(f"SELECT 1 FROM {t.name} WHERE {where} LIMIT 1", params)
+        return cur.fetchone() is not None
 
 
 def insert_statement(obj: Model) -> tuple[str, list[Any]]:
@@ -241,15 +278,15 @@ def _write_now(db, inserts: list[Model], updates: list[Model]) -> None:
         # SQLite takes so many values a statement (the sweep writes thousands of events).
         size = db.ops.bulk_batch_size(table(type(rows[0]), db).inserted, rows) or len(rows)
         statements += [_insert(rows[i : i + size], db) for i in range(0, len(rows), size)]
-    with db.cursor() as cursor:
+    with cursor(db) as cur:
         if db.vendor == "postgresql" and len(statements) > 1:
             *parts, (last_sql, last_params) = statements
             with_parts = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(parts))
             params = [p for _, part_params in parts for p in part_params]
-            cursor.execute(f"WITH {with_parts} {last_sql}", [*params, *last_params])
+            cur.execute(f"WITH {with_parts} {last_sql}", [*params, *last_params])
         else:
             for sql, params in statements:
-                cursor.execute(sql, params)
+                cur.execute(sql, params)
     for obj in inserts:
         obj._state.adding = False
         obj._state.db = db.alias

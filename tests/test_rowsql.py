@@ -252,3 +252,29 @@ def test_outside_deferred_writes_a_write_is_sent_at_once(agent):
 
     assert len(queries) == 2
     assert AuditEvent.objects.filter(effect=effect, verb="test_alone").exists()
+
+
+def test_the_cursor_is_reused_on_one_connection_and_logged_while_logging(agent):
+    with rowsql.cursor() as first:
+        first.execute("SELECT 1")
+    with rowsql.cursor() as second:
+        second.execute("SELECT 2")
+        assert second.fetchone() == (2,)
+
+    assert second is first
+    with CaptureQueriesContext(connection) as queries, rowsql.cursor() as logged:
+        logged.execute("SELECT 3")
+    assert logged is not first and [q["sql"] for q in queries] == ["SELECT 3"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_connection_gets_a_new_cursor(agent):
+    with rowsql.cursor() as before:
+        before.execute("SELECT 1")
+    connection.close()
+
+    with rowsql.cursor() as after:
+        after.execute("SELECT 1")
+        assert after.fetchone() == (1,)
+
+    assert after is not before
