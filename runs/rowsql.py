@@ -117,7 +117,7 @@ def cursor(db=None):
         return db.cursor()
     raw = db.connection
     kept = db.__dict__.get("_rowsql_cursor")
-    if kept is not None and raw is not None and kept[0] is raw and not raw.closed:
+    if kept is not None and raw is not None and kept[0] is raw and not getattr(raw, "closed", 0):
         return _Reused(kept[1])
     wrapper = db.cursor()  # connects if needed
     db._rowsql_cursor = (db.connection, wrapper)

@@ -47,7 +47,16 @@ def test_the_protocol_the_poll_and_the_console_work_on_the_sqlite_default(tmp_pa
     token = _manage(tmp_path, "create_agent", "embedded-agent").strip().splitlines()[-1]
     assert (tmp_path / "startsafe.sqlite3").exists()
 
-    with Gunicorn(tmp_path, workers=2, DATABASE_URL="") as server:
+    # As a deployment serves it: DEBUG off, so no query is logged and the hot paths
+    # take their production cursors (runs/rowsql.py), which DEBUG would bypass.
+    production = {
+        "DEBUG": "0",
+        "SECRET_KEY": "embedded-test-" + "k" * 50,
+        # Plain HTTP on loopback: the console's cookies must travel without TLS.
+        "SESSION_COOKIE_SECURE": "0",
+        "CSRF_COOKIE_SECURE": "0",
+    }
+    with Gunicorn(tmp_path, workers=2, DATABASE_URL="", **production) as server:
         auth = {"Authorization": f"Bearer {token}"}
         client = ss.Client(server.url, token, backoff=0.05, poll_interval=0.05)
         executed: list[int] = []

@@ -4,7 +4,7 @@ a change of the journal in one statement on PostgreSQL, sending the ORM's signal
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 
 import pytest
 from django.db import connection, transaction
@@ -14,7 +14,7 @@ from django.utils import timezone
 from lifecycle_helpers import send, start
 
 from runs import rowsql
-from runs.models import AuditEvent, Effect
+from runs.models import AuditEvent, Effect, EffectStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -271,10 +271,26 @@ def test_the_cursor_is_reused_on_one_connection_and_logged_while_logging(agent):
 def test_a_new_connection_gets_a_new_cursor(agent):
     with rowsql.cursor() as before:
         before.execute("SELECT 1")
-    connection.close()
+    old = connection.connection
+    connection.close()  # SQLite's in-memory test database stays open
 
     with rowsql.cursor() as after:
         after.execute("SELECT 1")
         assert after.fetchone() == (1,)
 
-    assert after is not before
+    assert (after is before) == (connection.connection is old)
+
+
+def test_values_skip_only_what_the_field_would_send_unchanged(agent):
+    """The fast path sends exactly what get_db_prep_save sends, field by field."""
+    effect = _effect(agent)
+    effect.status = EffectStatus.DONE  # a choices enum: through the field
+    effect.timeout = 30
+    effect.claimed_at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    event = _event(effect, "test_values")
+    for obj in (effect, event):
+        table = rowsql.table(type(obj))
+        expected = [f.get_db_prep_save(getattr(obj, f.attname), connection) for f in table.fields]
+        got = table.values(obj, table.fields, connection)
+        for field, want, have in zip(table.fields, expected, got, strict=True):
+            assert type(have) is type(want) and str(have) == str(want), field.name
