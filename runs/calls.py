@@ -266,8 +266,8 @@ def _find_or_create_effect(
     if key is None:
         rowsql.write(inserts=[effect])
         return effect, True, None
-    inserted, last_seq = _insert_new_key(effect, attempt_id)
-    if inserted and not _tombstoned_meanwhile(effect):
+    inserted, last_seq, key_was_taken = _insert_new_key(effect, attempt_id)
+    if inserted and not (key_was_taken and _tombstoned_meanwhile(effect)):
         return effect, True, last_seq
     existing = rowsql.fetch(Effect, agent_id=agent.pk, key=key, lock=True)
     if existing is not None:
@@ -299,7 +299,9 @@ def _tombstoned_meanwhile(effect: Effect) -> bool:
     The insert's ``NOT EXISTS`` reads the tombstones as they were when its statement
     began; if it then waited on the key's old effect, which a prune was deleting,
     the prune's tombstone committed unseen. A statement of its own sees it, and the
-    call then takes the tombstone's path (rule 8: keys do not expire)."""
+    call then takes the tombstone's path (rule 8: keys do not expire). Only asked
+    when the key had an effect as the insert began (``_insert_new_key``): without
+    one, there was nothing for a prune to delete."""
     if not rowsql.exists(KeyTombstone, agent_id=effect.agent_id, key=effect.key):
         return False
     Effect.objects.filter(pk=effect.pk).delete()
@@ -346,14 +348,18 @@ def _new_effect(
     return effect
 
 
-def _insert_new_key(effect: Effect, attempt_id: Any) -> tuple[bool, int | None]:
+def _insert_new_key(effect: Effect, attempt_id: Any) -> tuple[bool, int | None, bool]:
     """Insert the effect of a new key in one statement, unless the key is taken or
-    has a tombstone (then nothing is written): whether it was inserted, and (on
-    PostgreSQL, in the same statement) the attempt's last seq.
+    has a tombstone (then nothing is written): whether it was inserted, (on
+    PostgreSQL, in the same statement) the attempt's last seq, and whether the key
+    had an effect when the statement began.
 
     ``ON CONFLICT DO NOTHING``: a concurrent insert of the same key makes this one
     wait for its commit, then do nothing, so the caller reads that effect instead.
     The seq is read right: this statement starts after the run's lock was taken.
+    Inserted although the key had an effect means that effect was deleted while
+    this statement waited on it: a prune, whose tombstone the caller then reads
+    (``_tombstoned_meanwhile``). On SQLite, where writers take turns, it always does.
     """
     insert_into, values = rowsql.insert_statement(effect)
     insert = (
@@ -361,23 +367,28 @@ def _insert_new_key(effect: Effect, attempt_id: Any) -> tuple[bool, int | None]:
         f"(SELECT 1 FROM {KeyTombstone._meta.db_table} WHERE agent_id = %s AND key = %s) "
         "ON CONFLICT (agent_id, key) WHERE key IS NOT NULL DO NOTHING RETURNING id"
     )
-    params = [*values, rowsql.db_value(Effect, "agent", effect.agent_id), effect.key]
+    agent_id = rowsql.db_value(Effect, "agent", effect.agent_id)
+    params = [*values, agent_id, effect.key]
     with rowsql.cursor() as cursor:
         if connection.vendor == "postgresql":
             # SQLite takes no INSERT inside WITH; there the seq is read on its own.
+            # The outer SELECT reads the table as the statement began, without the
+            # row the insert adds (the parts of one statement share one snapshot).
             cursor.execute(
-                f"WITH inserted AS ({insert}) SELECT (SELECT id FROM inserted), ({_LAST_SEQ})",
-                [*params, attempt_id],
+                f"WITH inserted AS ({insert}) SELECT (SELECT id FROM inserted), "
+                f"({_LAST_SEQ}), EXISTS (SELECT 1 FROM {Effect._meta.db_table} "
+                "WHERE agent_id = %s AND key = %s)",
+                [*params, attempt_id, agent_id, effect.key],
             )
-            inserted_id, last_seq = cursor.fetchone()
+            inserted_id, last_seq, key_was_taken = cursor.fetchone()
             inserted, last_seq = inserted_id is not None, last_seq or 0
         else:
             cursor.execute(insert, params)
-            inserted, last_seq = cursor.fetchone() is not None, None
+            inserted, last_seq, key_was_taken = cursor.fetchone() is not None, None, True
     if inserted:
         effect._state.adding = False
         effect._state.db = connection.alias
-    return inserted, last_seq
+    return inserted, last_seq, key_was_taken
 
 
 # What a pruned key comes back as (product.md rule 8: keys do not expire). An
