@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, models
@@ -166,6 +166,13 @@ def cursor(db=None):
     if kept is not None and raw is not None and kept[0] is raw and not getattr(raw, "closed", 0):
         return _Reused(kept[1])
     wrapper = db.cursor()  # connects if needed
+    if db.vendor == "postgresql" and db.timezone is UTC:
+        # Django reads timestamptz with a subclass of psycopg's Python loader, to set
+        # its own time zone; in UTC psycopg's C loader gives the same aware datetimes
+        # (the session is in UTC: Django sets it) in a tenth of the time.
+        from psycopg.types.datetime import TimestamptzLoader
+
+        wrapper.cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
     db._rowsql_cursor = (db.connection, wrapper)
     return _Reused(wrapper)
 

@@ -294,3 +294,18 @@ def test_values_skip_only_what_the_field_would_send_unchanged(agent):
         got = table.values(obj, table.fields, connection)
         for field, want, have in zip(table.fields, expected, got, strict=True):
             assert type(have) is type(want) and str(have) == str(want), field.name
+
+
+@on_postgresql
+def test_times_read_by_the_reused_cursor_are_what_the_orm_reads(agent):
+    effect = _effect(agent)
+    effect.claimed_at = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
+    rowsql.write(updates=[effect])
+
+    fetched = rowsql.fetch(Effect, id=effect.pk)
+    orm = Effect.objects.get(pk=effect.pk)
+
+    for name in ("claimed_at", "created_at", "updated_at"):
+        mine, theirs = getattr(fetched, name), getattr(orm, name)
+        assert (mine, mine.tzinfo) == (theirs, theirs.tzinfo), name
+    assert fetched.claimed_at == effect.claimed_at
