@@ -6,6 +6,7 @@ Other rows are made inline where a test needs them.
 from __future__ import annotations
 
 import pytest
+from db_helpers import connect_outside_django
 from django.contrib.auth.models import Group, User
 
 from runs.models import Agent
@@ -67,3 +68,13 @@ def outsider(db) -> User:
     user.is_active = False
     user.save()
     return user
+
+
+@pytest.fixture
+def other_connection():
+    """A second connection to the test database, outside Django's (PostgreSQL)."""
+    conn = connect_outside_django()
+    try:
+        yield conn
+    finally:
+        conn.close()

@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 
-import psycopg
 import pytest
-from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.http import HttpResponse
 from django.test import RequestFactory
@@ -33,24 +31,6 @@ pytestmark = [
 @pytest.fixture
 def api(agent) -> Api:
     return Api(agent.token)
-
-
-@pytest.fixture
-def other_connection():
-    """A second connection to the test database, outside Django's."""
-    db = settings.DATABASES["default"]
-    conn = psycopg.connect(
-        host=db["HOST"] or "127.0.0.1",
-        port=db["PORT"] or 5432,
-        user=db["USER"],
-        password=db.get("PASSWORD") or None,
-        dbname=db["NAME"],
-        autocommit=True,
-    )
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def _start(api: Api, key: str, run_key: str = "t"):

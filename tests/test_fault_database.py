@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+from db_helpers import connect_outside_django
 from django.conf import settings as django_settings
 from django.db import connections
 
@@ -110,15 +111,7 @@ class Burst:
 
 def _admin_connection() -> psycopg.Connection:
     """A connection to the maintenance database, for killing and watching the others."""
-    db = django_settings.DATABASES["default"]
-    return psycopg.connect(
-        host=db["HOST"] or "127.0.0.1",
-        port=db["PORT"] or 5432,
-        user=db["USER"],
-        password=db.get("PASSWORD") or None,
-        dbname="postgres",
-        autocommit=True,
-    )
+    return connect_outside_django("postgres")
 
 
 def _terminate_server_connections(exclude: set[int]) -> int:

@@ -9,7 +9,6 @@ import uuid
 
 import psycopg
 import pytest
-from django.conf import settings
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from lifecycle_helpers import send, start
@@ -18,23 +17,6 @@ from runs.errors import NotFound
 from runs.lifecycle import lock_run_and_effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def other_connection():
-    db = settings.DATABASES["default"]
-    conn = psycopg.connect(
-        host=db["HOST"] or "127.0.0.1",
-        port=db["PORT"] or 5432,
-        user=db["USER"],
-        password=db.get("PASSWORD") or None,
-        dbname=db["NAME"],
-        autocommit=True,
-    )
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def _locked(conn, table: str, pk) -> bool:

@@ -12,9 +12,8 @@ from __future__ import annotations
 import threading
 import time
 
-import psycopg
 import pytest
-from django.conf import settings
+from db_helpers import connect_outside_django
 from django.db import connection, transaction
 from lifecycle_helpers import send, start
 
@@ -30,15 +29,7 @@ pytestmark = [
 
 
 def _waiting_on_a_lock() -> int:
-    db = settings.DATABASES["default"]
-    with psycopg.connect(
-        host=db["HOST"] or "127.0.0.1",
-        port=db["PORT"] or 5432,
-        user=db["USER"],
-        password=db.get("PASSWORD") or None,
-        dbname=db["NAME"],
-        autocommit=True,
-    ) as conn:
+    with connect_outside_django() as conn:
         return conn.execute(
             "SELECT count(*) FROM pg_stat_activity "
             "WHERE datname = current_database() AND wait_event_type = 'Lock'"
