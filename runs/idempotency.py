@@ -298,7 +298,12 @@ def _keep_answer(agent, key, request, fingerprint, row, response: HttpResponse) 
         raise _KeyTaken from None
 
 
-_KEY_UNIQUE = "idempotency_key_unique_per_agent"
+# The one constraint whose violation means a duplicate kept its answer first.
+_KEY_UNIQUE = next(
+    c.name
+    for c in IdempotentRequest._meta.constraints
+    if tuple(getattr(c, "fields", ())) == ("agent", "key")
+)
 
 
 class _NotKept(Exception):  # noqa: N818 - a signal, not an error

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from runs import rowsql
@@ -122,7 +122,7 @@ def lock_run_and_effect(agent: Agent, run_id: Any, effect_id: Any) -> tuple[Run,
     the agent's report is on the API's hot write path (docs/performance.md). When
     it finds nothing, the two locks are taken one by one, for the right NotFound.
     """
-    if not rowsql.on_postgresql():
+    if connection.vendor != "postgresql":
         return lock_run(agent, run_id), lock_effect(agent, effect_id)
     runs, effects = rowsql.table(Run), rowsql.table(Effect)
     sql = (

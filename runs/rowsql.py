@@ -185,10 +185,6 @@ def table(model: type[Model], db=None) -> _Table:
     return found
 
 
-def on_postgresql() -> bool:
-    return _db().vendor == "postgresql"
-
-
 def lock_clause(db=None) -> str:
     """``FOR UPDATE`` where the database has row locks (SQLite locks the whole file)."""
     return " FOR UPDATE" if (db or _db()).features.has_select_for_update else ""
@@ -283,17 +279,21 @@ def deferred_writes() -> Iterator[None]:
     Inside this block a ``write`` waits; any other statement on the connection
     first sends it (an execute wrapper), so every read sees it and the order of
     writes is the order of the calls; ``flush`` sends it with rows of its own, as
-    one statement (PostgreSQL). What still waits when the block ends is dropped:
-    the caller ends the block only by sending it or by rolling back.
+    one statement (PostgreSQL). A write still waiting when the block ends is sent
+    then; when the block ends by an exception it is dropped, since the caller's
+    transaction rolls back.
     """
     db = _db()
     if db.vendor != "postgresql":
         yield  # each row is its own statement there: nothing to share
         return
-    marker = _waiting.set([])
+    waiting: list = []
+    marker = _waiting.set(waiting)
     try:
         with db.execute_wrapper(_send_waiting_first):
             yield
+        if waiting:
+            _write_now(db, *waiting.pop())
     finally:
         _waiting.reset(marker)
 

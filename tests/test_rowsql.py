@@ -309,3 +309,19 @@ def test_times_read_by_the_reused_cursor_are_what_the_orm_reads(agent):
         mine, theirs = getattr(fetched, name), getattr(orm, name)
         assert (mine, mine.tzinfo) == (theirs, theirs.tzinfo), name
     assert fetched.claimed_at == effect.claimed_at
+
+
+@on_postgresql
+def test_a_write_still_waiting_when_the_block_ends_is_sent_unless_it_fails(agent):
+    effect = _effect(agent)
+
+    with transaction.atomic(), rowsql.deferred_writes():
+        effect.preview = "sent at the end"
+        rowsql.write(updates=[effect])
+    assert Effect.objects.get(pk=effect.pk).preview == "sent at the end"
+
+    with pytest.raises(RuntimeError), transaction.atomic(), rowsql.deferred_writes():
+        effect.preview = "dropped"
+        rowsql.write(updates=[effect])
+        raise RuntimeError("the request failed")
+    assert Effect.objects.get(pk=effect.pk).preview == "sent at the end"
