@@ -28,6 +28,7 @@ from approvals.views_common import (
     nav_counts,
     needs_decision_runs,
     queue_fingerprint,
+    queue_sets,
     run_actions_for,
     verdict_reasons_for,
     versions_with_diffs,
@@ -70,14 +71,17 @@ def attempt_count() -> Coalesce:
     )
 
 
-def base_context(request: HttpRequest, **extra) -> dict:
-    return {"nav": nav_counts(), "user_can_decide": can_decide(request.user), **extra}
+def base_context(request: HttpRequest, nav: dict | None = None, **extra) -> dict:
+    nav = nav if nav is not None else nav_counts()
+    return {"nav": nav, "user_can_decide": can_decide(request.user), **extra}
 
 
 # --- Queue --------------------------------------------------------------------
 
 
-def queue_context(request: HttpRequest, fingerprint: str) -> dict:
+def queue_context(request: HttpRequest, sets: tuple) -> dict:
+    """The queue's rows; ``sets`` is ``queue_sets()``, read once for the fingerprint
+    and the navigation's counts alike."""
     more = request.GET.get("more") == "1"
     limits = {name: QUEUE_MORE_LIMIT if more else n for name, n in QUEUE_LIMITS.items()}
     awaiting = list(
@@ -106,11 +110,12 @@ def queue_context(request: HttpRequest, fingerprint: str) -> dict:
     tools = sorted({effect.tool for effect in awaiting})
     return base_context(
         request,
+        nav=nav_counts(sets),
         awaiting=awaiting,
         stopped=stopped,
         unknown=unknown,
         tools=tools,
-        fingerprint=fingerprint,
+        fingerprint=queue_fingerprint(sets),
         limits=limits,
         more=more,
         more_limit=QUEUE_MORE_LIMIT,
@@ -138,12 +143,12 @@ def queue(request: HttpRequest) -> HttpResponse:
     A poll whose fingerprint is still current answers 204 (htmx swaps nothing), so
     an idle console costs two aggregate queries per poll, not a render.
     """
-    fingerprint = queue_fingerprint()
+    sets = queue_sets()
     if request.htmx:
-        if request.GET.get("fp") == fingerprint:
+        if request.GET.get("fp") == queue_fingerprint(sets):
             return HttpResponse(status=204)
-        return render(request, "approvals/queue.html#queue", queue_context(request, fingerprint))
-    return render(request, "approvals/queue.html", queue_context(request, fingerprint))
+        return render(request, "approvals/queue.html#queue", queue_context(request, sets))
+    return render(request, "approvals/queue.html", queue_context(request, sets))
 
 
 # --- Runs ---------------------------------------------------------------------

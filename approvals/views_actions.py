@@ -37,7 +37,7 @@ from approvals.views_common import (
     diff_lines,
     effect_actions_for,
     pretty,
-    queue_fingerprint,
+    queue_sets,
     safe_back_url,
     verdict_reasons_for,
 )
@@ -348,7 +348,7 @@ def bulk(request: HttpRequest) -> HttpResponse:
     )
     if request.htmx:
         response = render(
-            request, "approvals/queue.html#queue", queue_context(request, queue_fingerprint())
+            request, "approvals/queue.html#queue", queue_context(request, queue_sets())
         )
         return _toast(response, summary, "error" if refused else "success")
     (messages.warning if refused else messages.success)(request, summary)

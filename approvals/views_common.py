@@ -157,11 +157,12 @@ def versions_with_diffs(versions: list[EffectVersion]) -> list[dict]:
 # --- Queue --------------------------------------------------------------------
 
 
-def _queue_sets() -> tuple:
+def queue_sets() -> tuple:
     """Count and latest change of each set the queue shows, in one query.
 
-    Each set is read through its partial index (``effect_awaiting_deadline_idx``,
-    ``effect_unknown_idx``, ``run_queue_stopped_idx``), so the cost follows what
+    Each set is read through its partial index on ``updated_at``
+    (``effect_awaiting_updated_idx``, ``effect_unknown_idx``,
+    ``run_queue_decide_idx``), by index-only scans, so the cost follows what
     waits for a person, not the size of the journal: aggregating all effects, as
     a first version did, scanned a million rows on every queue poll.
     """
@@ -179,7 +180,7 @@ def _queue_sets() -> tuple:
         return cursor.fetchone()
 
 
-def queue_fingerprint() -> str:
+def queue_fingerprint(sets: tuple) -> str:
     """A short hash that changes whenever anything the queue shows may have changed.
 
     Every change of an effect or a run moves its ``updated_at`` (lifecycle's
@@ -188,13 +189,14 @@ def queue_fingerprint() -> str:
     change with any row entering, leaving or changing in it: one query tells the
     poll whether a render is needed at all.
     """
-    raw = "|".join(str(value) for value in _queue_sets())
+    raw = "|".join(str(value) for value in sets)
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-def nav_counts() -> dict[str, int]:
-    """The numbers in the navigation: what waits for a person (one query)."""
-    awaiting, _, unknown, _, stopped, _ = _queue_sets()
+def nav_counts(sets: tuple | None = None) -> dict[str, int]:
+    """The numbers in the navigation: what waits for a person (one query, none when
+    the caller already read ``queue_sets()``)."""
+    awaiting, _, unknown, _, stopped, _ = sets if sets is not None else queue_sets()
     return {
         "awaiting": awaiting,
         "unknown": unknown,

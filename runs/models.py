@@ -129,11 +129,14 @@ class Run(models.Model):
             models.Index(
                 fields=["stale_at"], name="run_sweep_stale_idx", condition=Q(status="running")
             ),
-            # The queue: stopped runs that may need a person's decision.
+            # The queue: stopped runs that need a person's decision (no "allow
+            # restart" waiting), newest first, and their count and latest change on
+            # every console page. With ``restart_ready`` outside its condition, the
+            # count read every such run's row to filter it (docs/performance.md).
             models.Index(
                 fields=["-updated_at"],
-                name="run_queue_stopped_idx",
-                condition=Q(status__in=["interrupted", "failed"]),
+                name="run_queue_decide_idx",
+                condition=Q(status__in=["interrupted", "failed"], restart_ready=False),
             ),
             # The runs page and GET /runs: an agent's runs, newest first, by status.
             models.Index(fields=["agent", "-created_at"], name="run_agent_created_idx"),
@@ -310,6 +313,14 @@ class Effect(models.Model):
             models.Index(
                 fields=["approval_expires_at"],
                 name="effect_awaiting_deadline_idx",
+                condition=Q(status="awaiting_approval"),
+            ),
+            # The queue's fingerprint and the navigation's count, on every console
+            # page: how many effects await approval and their latest change, from
+            # the index alone (the deadline index had to read each row's updated_at).
+            models.Index(
+                fields=["-updated_at"],
+                name="effect_awaiting_updated_idx",
                 condition=Q(status="awaiting_approval"),
             ),
             # The sweep: in-flight effects whose timeout passed.
