@@ -73,7 +73,9 @@ def _effect_answer(
     if request.htmx and _fragment(request) == "row":
         effect.actions = effect_actions_for(effect, request.user)
         context = {"effect": effect, "error": error, "request": request}
-        response = render(request, "approvals/_rows.html#effect-row", context, status=status)
+        response = render(
+            request, "approvals/_effect_row.html", context, status=status, using="jinja2"
+        )
     else:
         template = (
             "approvals/effect.html#effect-detail" if request.htmx else "approvals/effect.html"
@@ -98,7 +100,9 @@ def _run_answer(request: HttpRequest, run_id: Any, message: str, *, status: int 
             "error": error,
             "user_can_decide": decisions.can_decide(request.user),
         }
-        response = render(request, "approvals/_rows.html#run-row", context, status=status)
+        response = render(
+            request, "approvals/_run_row.html", context, status=status, using="jinja2"
+        )
     else:
         template = "approvals/run.html#run-detail" if request.htmx else "approvals/run.html"
         response = render(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import dj_database_url
+import jinja2
 from django.core.exceptions import ImproperlyConfigured
 
 from startsafe.env import env_bool, env_float, env_int, env_list, env_rate, env_str
@@ -89,6 +90,20 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+        },
+    },
+    {
+        # The console's list rows (startsafe/jinja2.py says why). A missing variable
+        # or attribute is empty and false, as in the Django templates (an effect a
+        # viewer sees has no actions), in DEBUG too (Django's default there would
+        # print the variable's name into the page).
+        "BACKEND": "django.template.backends.jinja2.Jinja2",
+        "NAME": "jinja2",
+        "DIRS": [BASE_DIR / "templates" / "jinja2"],
+        "APP_DIRS": False,
+        "OPTIONS": {
+            "environment": "startsafe.jinja2.environment",
+            "undefined": jinja2.Undefined,
         },
     },
 ]

@@ -44,7 +44,7 @@ def test_the_queue_shows_awaiting_effects_nearest_deadline_first(client, viewer,
     assert response.status_code == 200
     html = response.content.decode()
     assert html.index(f"effect-{soon.pk}") < html.index(f"effect-{late.pk}")
-    assert "Send &#x27;Winter sale&#x27; for sooner-one" in html
+    assert "Send &#39;Winter sale&#39; for sooner-one" in html  # escaped (the row is Jinja2)
     assert "0 of 1" in html  # approvals so far of required
 
 
