@@ -60,6 +60,9 @@ MIDDLEWARE = [
     # The console's Content-Security-Policy header.
     "startsafe.security.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # The console's statements are planned with their values, never prepared
+    # (startsafe/postgresql/plans.py).
+    "startsafe.postgresql.plans.ConsoleQueriesMiddleware",
     # Idempotency-Key and the 1 MiB body limit of the agent API (runs/idempotency.py).
     "runs.idempotency.IdempotencyMiddleware",
 ]
@@ -73,6 +76,7 @@ CONSOLE_ONLY_MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "startsafe.postgresql.plans.ConsoleQueriesMiddleware",
 ]
 
 ROOT_URLCONF = "startsafe.urls"

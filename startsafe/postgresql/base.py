@@ -14,7 +14,10 @@ one goes back), and the pool's next try gets a live or a fresh connection.
 
 Django builds the pool itself and passes psycopg's plain check when
 ``CONN_HEALTH_CHECKS`` is on, with no setting to choose another; this backend
-puts ours in its place once the pool exists. Everything else is Django's.
+puts ours in its place once the pool exists.
+
+Its cursor also leaves the console's statements unprepared (``plans.py``).
+Everything else is Django's.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from typing import Any
 
 from django.db.backends.postgresql import base
 from psycopg import _queries
+
+from startsafe.postgresql.plans import may_prepare
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +60,23 @@ def check_pooled_connection(conn: Any) -> None:
         raise
 
 
+class ServerBindingCursor(base.ServerBindingCursor):
+    """Django's cursor for server-side binding, which prepares nothing inside
+    ``unprepared()`` (startsafe/postgresql/plans.py says why)."""
+
+    def execute(self, query, params=None, *, prepare=None, binary=None):
+        if prepare is None and not may_prepare.get():
+            prepare = False
+        return super().execute(query, params, prepare=prepare, binary=binary)
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
+    def get_connection_params(self) -> dict:
+        params = super().get_connection_params()
+        if params.get("cursor_factory") is base.ServerBindingCursor:
+            params["cursor_factory"] = ServerBindingCursor
+        return params
+
     @property
     def pool(self):
         pool = super().pool
