@@ -188,6 +188,9 @@ def measure_console(seeded, repeat: int) -> list[dict]:
 
     from startsafe.startup import freeze_startup_objects
 
+    # As a web worker does when it loads the app (startsafe/wsgi.py): before any
+    # console page has compiled its templates.
+    freeze_startup_objects()
     user_model = get_user_model()
     operator, _ = user_model.objects.get_or_create(username="bench-operator")
     group = Group.objects.filter(name="operators").first()
@@ -209,12 +212,10 @@ def measure_console(seeded, repeat: int) -> list[dict]:
         ("run page (30 calls)", f"/runs/{seeded.detail_run}/", {}),
         ("effect page (awaiting)", f"/effects/{seeded.detail_effect}/", {}),
     ]
-    # Round robin over the pages, as the load phase interleaves its paths: a busy
-    # second of the shared machine lands on every page alike, not on one.
     for _, path, headers in pages:
         client.get(path, headers=headers)  # warm: templates compiled, caches filled
-    # As a web worker does once it has loaded the app (startsafe/wsgi.py).
-    freeze_startup_objects()
+    # Round robin over the pages, as the load phase interleaves its paths: a busy
+    # second of the shared machine lands on every page alike, not on one.
     times: dict[str, list[float]] = {name: [] for name, _, _ in pages}
     counts: dict[str, set] = {name: set() for name, _, _ in pages}
     statuses: dict[str, int] = {}

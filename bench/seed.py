@@ -282,5 +282,5 @@ def seed(dsn: str, scale: float, *, seed_value: int = 7, log=print) -> Seeded:
         try:
             conn.execute("CHECKPOINT")
         except psycopg.errors.InsufficientPrivilege:
-            print("[bench] CHECKPOINT needs a superuser or pg_checkpoint: skipped", flush=True)
+            log("CHECKPOINT needs a superuser or the pg_checkpoint role: skipped")
     return seeded

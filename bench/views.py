@@ -11,10 +11,14 @@ from __future__ import annotations
 from django.http import Http404, HttpRequest, JsonResponse
 
 from runs.models import Effect
+from startsafe.postgresql.plans import prepared
 
 
 def baseline(request: HttpRequest, effect_id) -> JsonResponse:
-    row = Effect.objects.filter(pk=effect_id).values("id", "status", "revision").first()
+    # Not under /api/, so the console's middleware runs it unprepared; its one
+    # statement is prepared as the API's are, so the ratios compare like with like.
+    with prepared():
+        row = Effect.objects.filter(pk=effect_id).values("id", "status", "revision").first()
     if row is None:
         raise Http404
     return JsonResponse(

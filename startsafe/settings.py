@@ -98,16 +98,16 @@ TEMPLATES = [
     },
     {
         # The console's list rows (startsafe/jinja2.py says why). A missing variable
-        # or attribute is empty and false, as in the Django templates (an effect a
-        # viewer sees has no actions), in DEBUG too (Django's default there would
-        # print the variable's name into the page).
+        # or attribute, and any lookup on one, is empty and false, as in the Django
+        # templates (an effect a viewer sees has no actions), in DEBUG too (Django's
+        # default there would print the variable's name into the page).
         "BACKEND": "django.template.backends.jinja2.Jinja2",
         "NAME": "jinja2",
         "DIRS": [BASE_DIR / "templates" / "jinja2"],
         "APP_DIRS": False,
         "OPTIONS": {
             "environment": "startsafe.jinja2.environment",
-            "undefined": jinja2.Undefined,
+            "undefined": jinja2.ChainableUndefined,
         },
     },
 ]

@@ -278,3 +278,18 @@ def test_the_history_filters_attempts(client, admin_user, agent):
     html = client.get("/history/?agent=nobody").content.decode()
     assert "No attempt matches." in html
     assert started.run.run_key in client.get("/history/?started_by=agent").content.decode()
+
+
+def test_a_row_renders_for_an_effect_given_no_actions_at_all(agent, rf):
+    # The rows are Jinja2 templates; as in the Django templates they replaced, a
+    # missing attribute (and a lookup on it) renders as nothing, not an error.
+    from django.template import engines
+
+    effect = awaiting_campaign(agent, "no-actions")
+    html = (
+        engines["jinja2"]
+        .get_template("approvals/_effect_row.html")
+        .render({"effect": effect}, request=rf.get("/"))
+    )
+    assert f'id="effect-{effect.pk}"' in html
+    assert "<form" not in html

@@ -15,7 +15,9 @@ from runs.models import Run
 from startsafe.postgresql.plans import unprepared
 
 pytestmark = pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's"
+    connection.vendor != "postgresql"
+    or not connection.settings_dict["OPTIONS"].get("server_side_binding"),
+    reason="prepared statements need PostgreSQL with DATABASE_PREPARE on (the default)",
 )
 
 SEARCH_SQL_PART = "LIKE UPPER("

@@ -38,6 +38,16 @@ def unprepared() -> Iterator[None]:
         may_prepare.reset(token)
 
 
+@contextmanager
+def prepared() -> Iterator[None]:
+    """psycopg's threshold applies again inside this block, as it does for the API."""
+    token = may_prepare.set(True)
+    try:
+        yield
+    finally:
+        may_prepare.reset(token)
+
+
 class ConsoleQueriesMiddleware:
     """Every request this middleware sees (the console's: not ``/api/``) is unprepared."""
 
