@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 # False while statements must not be prepared (the console's requests).
 may_prepare: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -29,23 +29,22 @@ may_prepare: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 
 @contextmanager
-def unprepared() -> Iterator[None]:
+def _preparing(allowed: bool) -> Iterator[None]:
+    token = may_prepare.set(allowed)
+    try:
+        yield
+    finally:
+        may_prepare.reset(token)
+
+
+def unprepared() -> AbstractContextManager[None]:
     """Statements sent inside this block are planned with their values, every time."""
-    token = may_prepare.set(False)
-    try:
-        yield
-    finally:
-        may_prepare.reset(token)
+    return _preparing(False)
 
 
-@contextmanager
-def prepared() -> Iterator[None]:
+def prepared() -> AbstractContextManager[None]:
     """psycopg's threshold applies again inside this block, as it does for the API."""
-    token = may_prepare.set(True)
-    try:
-        yield
-    finally:
-        may_prepare.reset(token)
+    return _preparing(True)
 
 
 class ConsoleQueriesMiddleware:
