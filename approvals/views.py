@@ -141,7 +141,7 @@ def queue(request: HttpRequest) -> HttpResponse:
     """The home page: what waits for a person. htmx polls it with ``?fp=``.
 
     A poll whose fingerprint is still current answers 204 (htmx swaps nothing), so
-    an idle console costs two aggregate queries per poll, not a render.
+    an idle console costs one aggregate query per poll (queue_sets), not a render.
     """
     sets = queue_sets()
     if request.htmx:

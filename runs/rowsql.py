@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
@@ -133,21 +133,6 @@ def _passes_unchanged(field, connection) -> tuple[type, ...]:
 _tables: dict[tuple[type[Model], str], _Table] = {}
 
 
-class _Reused:
-    """``with`` support for a cursor that outlives the block (``cursor()``)."""
-
-    __slots__ = ("wrapper",)
-
-    def __init__(self, wrapper) -> None:
-        self.wrapper = wrapper
-
-    def __enter__(self):
-        return self.wrapper
-
-    def __exit__(self, *exc) -> bool:
-        return False
-
-
 def cursor(db=None):
     """A cursor on the default database for ``with``, reused while the connection is
     the same one: creating Django's cursor wrapper and psycopg's cursor cost about
@@ -164,7 +149,7 @@ def cursor(db=None):
     raw = db.connection
     kept = db.__dict__.get("_rowsql_cursor")
     if kept is not None and raw is not None and kept[0] is raw and not getattr(raw, "closed", 0):
-        return _Reused(kept[1])
+        return nullcontext(kept[1])  # the cursor outlives the block
     wrapper = db.cursor()  # connects if needed
     if db.vendor == "postgresql" and db.timezone is UTC:
         # Django reads timestamptz with a subclass of psycopg's Python loader, to set
@@ -174,7 +159,7 @@ def cursor(db=None):
 
         wrapper.cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
     db._rowsql_cursor = (db.connection, wrapper)
-    return _Reused(wrapper)
+    return nullcontext(wrapper)
 
 
 def table(model: type[Model], db=None) -> _Table:
