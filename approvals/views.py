@@ -23,7 +23,6 @@ from approvals.views_common import (
     QUEUE_MORE_LIMIT,
     _effect_for_user,
     _run_for_user,
-    blocked_runs_filter,
     effect_actions_for,
     nav_counts,
     needs_decision_runs,
@@ -162,18 +161,17 @@ def runs(request: HttpRequest) -> HttpResponse:
     agent = _filter(request, "agent")
     verdict = _filter(request, "verdict")
     search = _filter(request, "q")
-    queryset = Run.objects.select_related("agent").annotate(
-        attempt_count=attempt_count(),
-        blocked=Q(blocked_runs_filter()),
-    )
+    queryset = Run.objects.select_related("agent").annotate(attempt_count=attempt_count())
     if status in RunStatus.values:
         queryset = queryset.filter(status=status)
     if agent:
         queryset = queryset.filter(agent__name=agent)
+    # The column the rules keep (runs/verdict.py), not the journal: an index, not a
+    # test of every run's effects and calls (docs/performance.md).
     if verdict == "blocked":
-        queryset = queryset.filter(blocked_runs_filter())
+        queryset = queryset.filter(verdict_blocked=True)
     elif verdict == "safe":
-        queryset = queryset.exclude(blocked_runs_filter())
+        queryset = queryset.filter(verdict_blocked=False)
     if search:
         queryset = queryset.filter(Q(run_key__icontains=search) | Q(title__icontains=search))
     page = Paginator(queryset.order_by("-created_at"), RUNS_PER_PAGE).get_page(

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, Exists, OuterRef, Q
+from django.db.models import Count
 from django.http import Http404, HttpRequest
 from django.shortcuts import get_object_or_404
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -260,16 +260,3 @@ def verdict_reasons_for(runs: list[Run]) -> dict[Any, dict]:
             "a restart would be held at this call until it is settled."
         )
     return reasons
-
-
-def blocked_runs_filter() -> Q:
-    """Runs whose verdict is not safe, as one SQL condition (the runs page's filter)."""
-    started_unkeyed = Effect.objects.filter(
-        run=OuterRef("pk"), key__isnull=True, first_claimed_at__isnull=False
-    )
-    any_call = Call.objects.filter(run=OuterRef("pk"))
-    return (
-        Q(restart_policy=RestartPolicy.MANUAL)
-        | (Q(restart_policy=RestartPolicy.KEYED) & Q(Exists(started_unkeyed)))
-        | (Q(restart_policy=RestartPolicy.BLUNT) & Q(Exists(any_call)))
-    )

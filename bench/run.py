@@ -427,6 +427,13 @@ def main() -> None:
             k: getattr(seeded, k) for k in ("runs", "effects", "calls", "awaiting", "unknown")
         }
         log(f"seeded in {results['seed_seconds']:.0f} s: {results['seeded']}")
+        from runs.models import Run
+        from runs.verdict import blocked_runs_filter
+
+        # The seed writes the verdict column itself: it must say what the rules say.
+        blocked = Run.objects.filter(verdict_blocked=True).count()
+        if blocked != Run.objects.filter(blocked_runs_filter()).count():
+            raise SystemExit("the seed's verdict_blocked disagrees with runs/verdict.py")
 
         port = free_port()
         server = start_server(env, port, args.workers)

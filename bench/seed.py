@@ -107,7 +107,7 @@ def seed(dsn: str, scale: float, *, seed_value: int = 7, log=print) -> Seeded:
             "runs_run",
             "id, run_key, title, input, status, restart_policy, heartbeat_timeout, heartbeat_at,"
             " stale_at, current_attempt, restart_ready, restart_url, auto_restarts, override_at,"
-            " override_note, created_at, updated_at, agent_id, override_by_id",
+            " override_note, created_at, updated_at, agent_id, override_by_id, verdict_blocked",
         )
         attempt_rows = _Buffered(
             cur,
@@ -172,12 +172,6 @@ def seed(dsn: str, scale: float, *, seed_value: int = 7, log=print) -> Seeded:
             # Running runs are fresh (an hour of margin); the sweep phase makes 1% stale.
             stale = heartbeat + timedelta(hours=1)
             attempt_id = i + 1  # one attempt per run: explicit ids, so calls can name it
-            run_rows.add(
-                f"{run_id}\trun-{i:07d}\t{word.title()} task {i}\t{{}}\t{status}\t{policy}\t3600"
-                f"\t{_ts(heartbeat)}\t{_ts(stale)}\t1\tf\t{null}\t0\t{null}\t\t{_ts(created)}"
-                f"\t{_ts(heartbeat if status == 'running' else created + timedelta(minutes=5))}"
-                f"\t{agent_id}\t{null}\n"
-            )
             attempt_status = {"running": "running", "completed": "completed"}.get(
                 status, "interrupted" if status == "interrupted" else "failed"
             )
@@ -224,6 +218,7 @@ def seed(dsn: str, scale: float, *, seed_value: int = 7, log=print) -> Seeded:
                 elif status == "running" and j == EFFECTS_PER_RUN - 1:
                     effect_status, action, claimed, result = "pending", "wait", null, null
                 claimed_run = run_id if claimed != null else null
+                unkeyed_started = not keyed and claimed != null
                 claimed_attempt = "1" if claimed != null else null
                 effect_rows.add(
                     f"{effect_id}\t{tool}\t{key}\t{key_source}\t{needs_approval}\t1\t86400"
@@ -254,6 +249,15 @@ def seed(dsn: str, scale: float, *, seed_value: int = 7, log=print) -> Seeded:
                         seeded.detail_effect = effect_id
                 elif effect_status == "unknown":
                     seeded.unknown += 1
+            # The verdict's blocking rules (runs/verdict.py) over what was just seeded:
+            # manual always; blunt: it has calls; keyed: its unkeyed effect started.
+            blocked = policy != "keyed" or unkeyed_started
+            run_rows.add(
+                f"{run_id}\trun-{i:07d}\t{word.title()} task {i}\t{{}}\t{status}\t{policy}\t3600"
+                f"\t{_ts(heartbeat)}\t{_ts(stale)}\t1\tf\t{null}\t0\t{null}\t\t{_ts(created)}"
+                f"\t{_ts(heartbeat if status == 'running' else created + timedelta(minutes=5))}"
+                f"\t{agent_id}\t{null}\t{'t' if blocked else 'f'}\n"
+            )
             if agent_index == 0 and status == "running" and not seeded.detail_run:
                 seeded.detail_run = run_id
             if (i + 1) % 20_000 == 0:

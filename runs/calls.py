@@ -45,8 +45,10 @@ from runs.models import (
     EffectStatus,
     EffectVersion,
     KeyTombstone,
+    RestartPolicy,
     Run,
 )
+from runs.verdict import mark_verdict_blocked
 
 # --- Calls --------------------------------------------------------------------
 
@@ -141,6 +143,8 @@ def record_call(
     digest = compute_args_hash(args)
     with journal_transaction():
         run, attempt_id = _lock_run_for_call(agent, run_id, attempt)
+        if run.restart_policy == RestartPolicy.BLUNT:
+            mark_verdict_blocked(run)  # the blunt policy blocks any recorded call
         call = Call(
             run=run,
             attempt_id=attempt_id,

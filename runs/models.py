@@ -116,6 +116,12 @@ class Run(models.Model):
     )
     override_at = models.DateTimeField(null=True, blank=True)
     override_note = models.TextField(blank=True, default="")
+    # Whether the run's history has a blocking reason (runs/verdict.py): kept by the
+    # rules as it becomes true (``mark_verdict_blocked``), never false again, so the
+    # console's "verdict" filter and its count read an index instead of testing
+    # every run's effects and calls (docs/performance.md). The verdict itself is
+    # still computed from the journal.
+    verdict_blocked = models.BooleanField(default=False)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
 
@@ -144,6 +150,8 @@ class Run(models.Model):
             # (the first one too) sorted all runs (docs/performance.md).
             models.Index(fields=["-created_at"], name="run_created_idx"),
             models.Index(fields=["status", "-created_at"], name="run_status_created_idx"),
+            # The runs page filtered by verdict (blocked or safe), newest first, and its count.
+            models.Index(fields=["verdict_blocked", "-created_at"], name="run_verdict_created_idx"),
         ]
 
     def __str__(self) -> str:

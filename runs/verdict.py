@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef, Q
 
 from runs.models import Call, Effect, EffectStatus, RestartPolicy, Run
 
@@ -184,3 +184,29 @@ def _verdict(run: Run, started_unkeyed: list, calls: list, referenced: list) -> 
         notes=notes,
         override=override_of(run),
     )
+
+
+def blocked_runs_filter() -> Q:
+    """Runs whose history has a blocking reason (the rules of ``_verdict``), as one SQL
+    condition. It tests every run's effects and calls: the console reads
+    ``Run.verdict_blocked`` instead, which the rules keep; this is its definition
+    (the tests hold the column to it)."""
+    started_unkeyed = Effect.objects.filter(
+        run=OuterRef("pk"), key__isnull=True, first_claimed_at__isnull=False
+    )
+    any_call = Call.objects.filter(run=OuterRef("pk"))
+    return (
+        Q(restart_policy=RestartPolicy.MANUAL)
+        | (Q(restart_policy=RestartPolicy.KEYED) & Q(Exists(started_unkeyed)))
+        | (Q(restart_policy=RestartPolicy.BLUNT) & Q(Exists(any_call)))
+    )
+
+
+def mark_verdict_blocked(run: Run) -> None:
+    """Keep ``run.verdict_blocked`` as a blocking reason appears (the caller holds the
+    run's lock): a blunt run's first call, a keyed run's first started unkeyed
+    effect. A manual run is created blocked. One UPDATE, once per run."""
+    if run.verdict_blocked:
+        return
+    run.verdict_blocked = True
+    Run.objects.filter(pk=run.pk).update(verdict_blocked=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from datetime import timedelta
 
 import pytest
@@ -17,8 +18,8 @@ from approvals.decisions import (
 from runs.errors import RestartBlocked
 from runs.lifecycle import finish_run
 from runs.models import Attempt, AuditEvent, EffectStatus, Run
-from runs.outcomes import complete_effect
-from runs.verdict import restart_verdict
+from runs.outcomes import claim_effect, complete_effect
+from runs.verdict import blocked_runs_filter, restart_verdict
 
 pytestmark = pytest.mark.django_db
 
@@ -221,3 +222,56 @@ def test_the_verdict_notes_an_approved_effect_will_execute(agent, operator):
     approve_effect(operator, effect.pk, args_hash=effect.args_hash)
 
     assert restart_verdict(Run.objects.get(pk=run.pk)).notes[0]["reason"] == "approved"
+
+
+# --- The column the console filters on (Run.verdict_blocked) ---------------------------
+
+
+def _blocked_by_column_and_by_rules(run) -> tuple[bool, bool, bool]:
+    """The kept column, the SQL definition, and the verdict itself, for one run."""
+    run.refresh_from_db()
+    by_rules = Run.objects.filter(blocked_runs_filter(), pk=run.pk).exists()
+    return run.verdict_blocked, by_rules, bool(restart_verdict(run).blocking)
+
+
+def test_the_verdict_column_follows_every_blocking_rule_as_it_becomes_true(agent, operator):
+    manual = start(agent, "manual", restart_policy="manual").run
+    blunt = start(agent, "blunt", restart_policy="blunt").run
+    keyed = start(agent, "keyed").run
+    waiting = start(agent, "waiting").run
+    for run in (blunt, keyed, waiting):
+        assert _blocked_by_column_and_by_rules(run) == (False, False, False)
+    assert _blocked_by_column_and_by_rules(manual) == (True, True, True)
+
+    read(agent, blunt)  # any recorded call blocks a blunt run
+    send(agent, keyed)  # a keyed effect never blocks
+    unkeyed = send(agent, waiting, key=None, needs_approval=True).effect  # not started
+    assert _blocked_by_column_and_by_rules(blunt) == (True, True, True)
+    assert _blocked_by_column_and_by_rules(keyed) == (False, False, False)
+    assert _blocked_by_column_and_by_rules(waiting) == (False, False, False)
+
+    send(agent, keyed, key=None)  # an unkeyed effect, started at once
+    assert _blocked_by_column_and_by_rules(keyed) == (True, True, True)
+
+    # Approved, then claimed by the run that recorded it: now it has started.
+    approve_effect(operator, unkeyed.pk, args_hash=unkeyed.args_hash)
+    assert _blocked_by_column_and_by_rules(waiting) == (False, False, False)
+    claim_effect(agent, unkeyed.pk, run_id=waiting.pk, attempt=1)
+    assert _blocked_by_column_and_by_rules(waiting) == (True, True, True)
+
+
+def test_the_migration_sets_the_verdict_column_from_the_journal(agent):
+    from django.apps import apps
+
+    migration = importlib.import_module("runs.migrations.0009_run_verdict_blocked")
+    blocked = start(agent, "blunt", restart_policy="blunt").run
+    read(agent, blocked)
+    safe = start(agent, "keyed").run
+    send(agent, safe)
+    Run.objects.update(verdict_blocked=False)  # as the column was added
+
+    migration.mark_blocked_runs(apps, None)
+
+    assert set(Run.objects.filter(verdict_blocked=True).values_list("run_key", flat=True)) == {
+        "blunt"
+    }
