@@ -10,9 +10,16 @@ answer htmx with the same rows. The filters are the Django templates' own.
 
 from __future__ import annotations
 
-from jinja2 import Environment
+from jinja2 import Environment, pass_context
 
 from approvals.templatetags import console
+
+
+@pass_context
+def console_url(context, object_id, name: str) -> str:
+    """The Django filter, with the script prefix ``{% jinja %}`` read once (when a
+    view renders a row itself, there is none, and the filter reads it)."""
+    return console.console_url(object_id, name, context.get("script_prefix"))
 
 
 def environment(**options) -> Environment:
@@ -22,6 +29,6 @@ def environment(**options) -> Environment:
         reltime=console.reltime,
         pretty_json=console.pretty_json,
         short_hash=console.short_hash,
-        console_url=console.console_url,
+        console_url=console_url,
     )
     return env

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from django.urls import reverse
+from django.conf import settings
+from django.urls import get_script_prefix, reverse, set_script_prefix
 
 from approvals.decisions import approve_effect
 from runs.calls import record_call
@@ -293,3 +294,25 @@ def test_a_row_renders_for_an_effect_given_no_actions_at_all(agent, rf):
     )
     assert f'id="effect-{effect.pk}"' in html
     assert "<form" not in html
+
+
+def test_row_addresses_follow_the_script_prefix_of_each_request(client, operator, agent):
+    # The rows build their addresses from the prefix {% jinja %} reads once per call.
+    effect = awaiting_campaign(agent)
+    client.force_login(operator)
+
+    # Django keeps STATIC_URL with the prefix of its first read: read it unprefixed
+    # first, or the rest of the session would serve /ops/static/.
+    assert settings.STATIC_URL == "/static/"
+    # As WSGIHandler sets it from SCRIPT_NAME (the test client does not).
+    before = get_script_prefix()
+    set_script_prefix("/ops/")
+    try:
+        mounted = client.get("/").content.decode()
+    finally:
+        set_script_prefix(before)
+    plain = client.get("/").content.decode()
+
+    assert f'action="/ops/effects/{effect.pk}/approve"' in mounted
+    assert f'action="/effects/{effect.pk}/approve"' in plain
+    assert f"/ops/effects/{effect.pk}" not in plain

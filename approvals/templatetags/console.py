@@ -115,9 +115,15 @@ def _address_pattern(name: str, prefix: str) -> str:
 
 
 @register.filter
-def console_url(object_id, name: str) -> str:
-    """``{{ effect.pk|console_url:"approve" }}`` = ``{% url 'console:approve' effect.pk %}``."""
-    return _address_pattern(name, get_script_prefix()).replace(_PLACEHOLDER, str(object_id))
+def console_url(object_id, name: str, prefix: str | None = None) -> str:
+    """``{{ effect.pk|console_url:"approve" }}`` = ``{% url 'console:approve' effect.pk %}``.
+
+    ``prefix``: the script prefix, when the caller has it (``{% jinja %}`` reads it
+    once per call: each ``get_script_prefix()`` is a context-local lookup, and a
+    queue page makes a thousand addresses)."""
+    if prefix is None:
+        prefix = get_script_prefix()
+    return _address_pattern(name, prefix).replace(_PLACEHOLDER, str(object_id))
 
 
 @register.simple_tag(takes_context=True)
@@ -134,4 +140,5 @@ def jinja(context, template_name: str, **values) -> str:
         # ``csrf_input`` that masks the token anew at each of a row's forms (300
         # times a queue page, 32 random choices each).
         flat["csrf_input"] = csrf_input(request)
+    flat["script_prefix"] = get_script_prefix()  # for console_url, once per call
     return mark_safe(template.render(flat))
