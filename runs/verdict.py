@@ -88,7 +88,11 @@ def restart_verdict(run: Run) -> Verdict:
 
 def restart_verdicts(runs: list[Run]) -> dict:
     """``restart_verdict`` of many runs at once (the sweep's batches): three queries in
-    all instead of three per run, with the same rules and the same order."""
+    all instead of three per run, with the same rules and the same order.
+
+    The rows are read as named tuples with the attributes ``_verdict`` reads, not as
+    models: a batch of 500 runs reads ~5,000 effects, and building model instances
+    of them was most of the sweep's CPU (docs/performance.md)."""
     by_run: dict = {run.pk: ([], [], []) for run in runs}
     keyed = [run.pk for run in runs if run.restart_policy == RestartPolicy.KEYED]
     if keyed:
@@ -96,27 +100,28 @@ def restart_verdicts(runs: list[Run]) -> dict:
             Effect.objects.filter(
                 run_id__in=keyed, key__isnull=True, first_claimed_at__isnull=False
             )
-            .only("run_id", "tool")
             .order_by("created_at")
+            .values_list("pk", "run_id", "tool", named=True)
         )
         for effect in started_unkeyed:
             by_run[effect.run_id][0].append(effect)
     blunt = [run.pk for run in runs if run.restart_policy == RestartPolicy.BLUNT]
     if blunt:
-        calls = Call.objects.filter(run_id__in=blunt).defer("args")
-        calls = calls.order_by("attempt_number", "seq")
+        calls = (
+            Call.objects.filter(run_id__in=blunt)
+            .order_by("attempt_number", "seq")
+            .values_list("pk", "run_id", "effect_id", "tool", "attempt_number", "seq", named=True)
+        )
         for call in calls:
             by_run[call.run_id][1].append(call)
     if by_run:
         # One row per (effect, run whose calls point to it), like the per-run distinct.
         referenced = (
             Effect.objects.filter(calls__run_id__in=list(by_run))
-            # What a note shows: loading args and results of thousands of effects
-            # would be most of a batch's time.
-            .only("tool", "key", "status", "created_at")
             .annotate(via_run=F("calls__run_id"))
-            .distinct()
             .order_by("created_at")
+            .values_list("pk", "tool", "key", "status", "created_at", "via_run", named=True)
+            .distinct()
         )
         for effect in referenced:
             by_run[effect.via_run][2].append(effect)

@@ -19,7 +19,7 @@ from runs.errors import RestartBlocked
 from runs.lifecycle import finish_run
 from runs.models import Attempt, AuditEvent, EffectStatus, Run
 from runs.outcomes import claim_effect, complete_effect
-from runs.verdict import blocked_runs_filter, restart_verdict
+from runs.verdict import blocked_runs_filter, restart_verdict, restart_verdicts
 
 pytestmark = pytest.mark.django_db
 
@@ -275,3 +275,30 @@ def test_the_migration_sets_the_verdict_column_from_the_journal(agent):
     assert set(Run.objects.filter(verdict_blocked=True).values_list("run_key", flat=True)) == {
         "blunt"
     }
+
+
+def test_the_sweeps_batch_verdicts_are_the_per_run_verdicts(agent, operator):
+    # restart_verdicts reads rows as tuples, restart_verdict as models: the same rules.
+    keyed = start(agent, "keyed").run
+    send(agent, keyed, key="k-1")
+    send(agent, keyed, key=None)  # started unkeyed: blocks
+    send(agent, keyed, key="k-2", tool="refund", needs_approval=True)
+    read(agent, keyed)
+    blunt = start(agent, "blunt", restart_policy="blunt").run
+    read(agent, blunt)
+    send(agent, blunt, key="b-1")
+    send(agent, blunt, key="b-1")  # a replay: a second call to the same effect
+    manual = start(agent, "manual", restart_policy="manual").run
+    send(agent, manual, key="m-1")
+    empty = start(agent, "empty").run
+    shared = start(agent, "shared").run
+    send(agent, shared, key="k-1")  # another run's effect: a note for both
+    runs = [keyed, blunt, manual, empty, shared]
+
+    batch = restart_verdicts(runs)
+
+    for run in runs:
+        assert batch[run.pk].as_dict() == restart_verdict(run).as_dict(), run.run_key
+    assert [b["reason"] for b in batch[blunt.pk].blocking] == ["recorded_call"] * 3
+    assert batch[keyed.pk].blocking[0]["reason"] == "unkeyed_effect"
+    assert len(batch[keyed.pk].notes) == 2
