@@ -186,6 +186,7 @@ def seed(dsn: str, scale: float, *, seed_value: int = 7, log=print) -> Seeded:
                 f"\tattempt_started\t1\t\trunning\t\t{{}}\t{agent_id}\t{null}\t{run_id}\n"
             )
             seq = 0
+            unkeyed_started = False
             for j in range(EFFECTS_PER_RUN):
                 at = created + timedelta(seconds=j * 10)
                 for r in range(READS_PER_EFFECT):
@@ -218,7 +219,7 @@ def seed(dsn: str, scale: float, *, seed_value: int = 7, log=print) -> Seeded:
                 elif status == "running" and j == EFFECTS_PER_RUN - 1:
                     effect_status, action, claimed, result = "pending", "wait", null, null
                 claimed_run = run_id if claimed != null else null
-                unkeyed_started = not keyed and claimed != null
+                unkeyed_started = unkeyed_started or (not keyed and claimed != null)
                 claimed_attempt = "1" if claimed != null else null
                 effect_rows.add(
                     f"{effect_id}\t{tool}\t{key}\t{key_source}\t{needs_approval}\t1\t86400"

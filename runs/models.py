@@ -121,7 +121,9 @@ class Run(models.Model):
     # console's "verdict" filter and its count read an index instead of testing
     # every run's effects and calls (docs/performance.md). The verdict itself is
     # still computed from the journal.
-    verdict_blocked = models.BooleanField(default=False)
+    # db_default too: a web process still on the previous release inserts runs
+    # without the column while the migration has already added it.
+    verdict_blocked = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
 

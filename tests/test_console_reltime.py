@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 from unittest.mock import patch
+from zoneinfo import ZoneInfo
 
 from django.utils.timesince import timesince, timeuntil
 from hypothesis import given, settings
@@ -65,3 +66,13 @@ def test_minute_boundaries_and_the_four_week_edge():
 
 def test_an_empty_time_is_a_dash():
     assert console.reltime(None) == "—"
+
+
+def test_a_time_in_a_zone_with_daylight_saving_gets_djangos_words():
+    # reltime's "now" is UTC; a value in Paris before the October change.
+    paris = ZoneInfo("Europe/Paris")
+    for hour in range(0, 4):
+        value = datetime(2026, 10, 25, hour, 30, tzinfo=paris)
+        now = datetime(2026, 10, 25, 4, 30, tzinfo=UTC)
+
+        assert _shown(value, now)[2] == _django_words(value, now), hour

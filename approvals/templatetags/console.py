@@ -59,7 +59,7 @@ def reltime(value: datetime | None) -> str:
     seconds = int((now - value).total_seconds())
     if abs(seconds) < 60:
         text = "just now"
-    elif abs(seconds) < _TEXT_BY_WHOLE_MINUTES_BELOW:
+    elif abs(seconds) < _TEXT_BY_WHOLE_MINUTES_BELOW and not value.utcoffset():
         text = _relative_text(seconds // 60 if seconds > 0 else -(-seconds // 60))
     else:
         text = escape(_relative(value, now))
@@ -72,8 +72,10 @@ def reltime(value: datetime | None) -> str:
 # minutes between the two times (no month or year is involved): the queue shows a
 # relative time or two on each of its 100 rows, and ``timesince`` costs ~25 µs a
 # call (its strings are lazy translations), so each distinct text is made once.
-# Not per language: the console is English (the words around it are; there is no
-# LocaleMiddleware), so the text is always LANGUAGE_CODE's.
+# Only for UTC values (the database gives nothing else): timesince counts the
+# wall-clock time of the value's own zone, which a daylight-saving change makes
+# differ from the real minutes. Not per language: the console is English (the words
+# around it are; there is no LocaleMiddleware), so the text is LANGUAGE_CODE's.
 _TEXT_BY_WHOLE_MINUTES_BELOW = 28 * 24 * 3600
 
 

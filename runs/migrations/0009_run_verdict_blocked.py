@@ -32,7 +32,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="run",
             name="verdict_blocked",
-            field=models.BooleanField(default=False),
+            field=models.BooleanField(db_default=False, default=False),
         ),
         migrations.RunPython(mark_blocked_runs, migrations.RunPython.noop),
         migrations.AddIndex(
