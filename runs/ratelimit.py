@@ -4,9 +4,14 @@
 counts every authenticated request of an agent in the current window; past the
 limit the answer is ``429 rate_limited`` with ``Retry-After`` (the seconds left in
 the window). A fixed window is the simplest counter that is exact under any number
-of web processes when the cache is shared (Redis): ``cache.add`` creates the
-window's counter once, ``cache.incr`` is atomic. A burst of up to twice the limit
-across a window boundary is the known price of that simplicity.
+of web processes when the cache is shared (Redis): the window's counter is
+created once with its expiry, and incremented atomically. A burst of up to twice
+the limit across a window boundary is the known price of that simplicity.
+
+Every API request counts, the poll too, so counting is one round trip to Redis:
+``SET NX EX`` and ``INCR`` in one pipeline. Django's ``cache.add`` then
+``cache.incr`` would be three (its Redis ``incr`` asks ``EXISTS`` first). In
+local memory the counter is incremented first, and created only when that fails.
 
 The counter is taken once per request (cached on it), before the idempotency
 middleware claims an ``Idempotency-Key``, so a refused request never stores its
@@ -20,6 +25,7 @@ import time
 
 from django.conf import settings
 from django.core.cache import caches
+from django.core.cache.backends.redis import RedisCache
 from django.http import HttpRequest, JsonResponse
 
 from runs.api_auth import error_response
@@ -42,17 +48,33 @@ def _count(agent: Agent, limit: int, period: int, now: float) -> int | None:
     """Count this request; returns the seconds to wait when over the limit, else None."""
     window = int(now // period)
     key = f"startsafe:rate:{agent.pk}:{period}:{window}"
-    cache = caches[CACHE_ALIAS]
     # The counter outlives its window a little, so a late incr never recreates it.
-    cache.add(key, 0, timeout=period + 5)
-    try:
-        used = cache.incr(key)
-    except ValueError:  # evicted between add and incr: this request opens it again
-        cache.set(key, 1, timeout=period + 5)
-        used = 1
+    used = _incr_window(caches[CACHE_ALIAS], key, timeout=period + 5)
     if used <= limit:
         return None
     return max(1, math.ceil((window + 1) * period - now))
+
+
+def _incr_window(cache, key: str, timeout: int) -> int:
+    """The window's counter after adding this request, created at 0 if absent."""
+    if isinstance(cache, RedisCache):
+        # Django's own key (prefix, version), as cache.add and cache.incr would use.
+        redis_key = cache.make_and_validate_key(key)
+        with cache._cache.get_client(redis_key, write=True).pipeline(transaction=False) as pipe:
+            pipe.set(redis_key, 0, ex=timeout, nx=True)
+            pipe.incr(redis_key)
+            _, used = pipe.execute()
+        return used
+    try:
+        return cache.incr(key)  # the window's counter exists but for its first request
+    except ValueError:
+        pass
+    cache.add(key, 0, timeout=timeout)
+    try:
+        return cache.incr(key)
+    except ValueError:  # evicted between add and incr: this request opens it again
+        cache.set(key, 1, timeout=timeout)
+        return 1
 
 
 def check_rate_limit(request: HttpRequest, agent: Agent) -> None:

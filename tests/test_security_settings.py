@@ -185,6 +185,68 @@ def test_a_token_over_its_rate_gets_429_with_retry_after(agent, other_agent):
         assert Api(other_agent.token).get("/runs").status == 200
 
 
+# The rate limit's counters in Redis, as production keeps them (CACHE_URL); a
+# database of its own on the machine's Redis, emptied before and after.
+REDIS_CACHE_URL = os.environ.get("STARTSAFE_TEST_CACHE_URL", "redis://127.0.0.1:6379/13")
+
+
+@pytest.fixture
+def redis_cache():
+    import redis
+
+    server = redis.Redis.from_url(REDIS_CACHE_URL)
+    server.flushdb()
+    redis_settings = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_CACHE_URL,
+        }
+    }
+    with override_settings(CACHES=redis_settings):
+        yield server
+    server.flushdb()
+    server.close()
+
+
+def _commands(server) -> dict[str, int]:
+    return {
+        name.removeprefix("cmdstat_"): stats["calls"]
+        for name, stats in server.info("commandstats").items()
+    }
+
+
+@pytest.mark.django_db
+def test_in_redis_the_limit_holds_and_each_request_costs_one_set_and_one_incr(agent, redis_cache):
+    api = Api(agent.token)
+    with _limited("3/minute"), time_machine.travel("2026-03-01 12:00:10Z", tick=False):
+        assert api.get("/runs").status == 200
+        before = _commands(redis_cache)
+        assert [api.get("/runs").status for _ in range(2)] == [200, 200]
+        after = _commands(redis_cache)
+
+        answer = api.get("/runs")
+
+    assert answer.status == 429 and answer.headers["Retry-After"] == "50"
+    # One pipeline a request: SET NX EX and INCRBY, no EXISTS (Django's incr asks it).
+    spent = {name: after[name] - before.get(name, 0) for name in after}
+    assert {name: n for name, n in spent.items() if n and name != "info"} == {"set": 2, "incrby": 2}
+    (key,) = redis_cache.keys("*startsafe:rate:*")
+    assert int(redis_cache.get(key)) == 4  # the refused request counted too
+    # The counter expires a little after its window (60 s + 5): never a key for ever.
+    assert 0 < redis_cache.ttl(key) <= 65
+
+
+@pytest.mark.django_db
+def test_in_redis_a_new_window_starts_a_new_counter(agent, redis_cache):
+    api = Api(agent.token)
+    with _limited("1/minute"), time_machine.travel("2026-03-01 12:00:30Z", tick=False) as clock:
+        assert api.get("/runs").status == 200
+        assert api.get("/runs").status == 429
+        clock.shift(30)
+        assert api.get("/runs").status == 200
+    assert len(redis_cache.keys("*startsafe:rate:*")) == 2
+
+
 @pytest.mark.django_db
 def test_the_limit_lifts_when_the_window_ends(agent):
     api = Api(agent.token)
