@@ -1,6 +1,6 @@
 """make bench: seed a database at scale, serve it with gunicorn, measure, report.
 
-    python -m bench.run [--scale 1] [--duration 10] [--rounds 2] [--keep]
+    python -m bench.run [--scale 1] [--duration 5] [--rounds 6] [--keep]
 
 1. Creates its own database (``startsafe_bench``, or the one ``DATABASE_URL``
    names), migrates it and seeds it (``bench/seed.py``).
@@ -319,6 +319,19 @@ def render(results: dict) -> str:
         f"| … as record + complete pairs | {write['pairs_per_s']:,.0f} | "
         f"{write['pairs_per_s'] / base['rps']:.2f} | | | |",
         "",
+    ]
+    short = {"poll": "poll (200)", "poll304": "poll (304)", "write": "record + complete"}
+    if results.get("round_ratios"):
+        lines += [
+            "Round by round, each path's throughput over the baseline's of the same round: "
+            + "; ".join(
+                f"{short[name]} " + ", ".join(f"{ratio:.2f}" for ratio in ratios)
+                for name, ratios in results["round_ratios"].items()
+            )
+            + ".",
+            "",
+        ]
+    lines += [
         f"Peak RSS of a web worker after the load: {results['web_rss_mb']:.0f} MiB "
         f"(max of {results['workers']} workers).",
         "",
@@ -363,8 +376,11 @@ def write_report(text: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scale", type=float, default=1.0, help="1 = 100,000 running runs")
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of each path")
+    # Six rounds of 5 s rather than three of 10 s: the same load time, but the
+    # shared machine's slow and fast minutes fall more evenly on every path, and
+    # each round's ratios compare paths measured seconds apart.
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
+    parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds of each path")
     parser.add_argument("--workers", type=int, default=4, help="gunicorn sync workers")
     parser.add_argument("--connections", type=int, default=8, help="wrk connections (reads)")
     # 200, so that p99 is a percentile: of 40 requests it was the slowest one.
@@ -509,6 +525,15 @@ def main() -> None:
                 if isinstance(runs_of[0][key], int | float)
             }
         results["load"] = load
+        # Each round's throughput of a path over the baseline's of the same round.
+        results["round_ratios"] = {
+            name: [
+                got["rps"] / base["rps"]
+                for got, base in zip(runs_of, rounds["baseline"], strict=True)
+            ]
+            for name, runs_of in rounds.items()
+            if name != "baseline"
+        }
         results["loadavg"] = os.getloadavg()
         results["web_rss_mb"] = max(peak_rss_mb(pid) for pid in children_of(server.pid))
         server.terminate()
