@@ -277,6 +277,47 @@ def test_the_migration_sets_the_verdict_column_from_the_journal(agent):
     }
 
 
+def test_mark_blocked_runs_marks_what_an_old_release_left_unmarked(agent):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    blunt = start(agent, "blunt", restart_policy="blunt").run
+    keyed = start(agent, "keyed").run
+    safe = start(agent, "safe").run
+    read(agent, blunt)
+    send(agent, keyed, key=None)  # an unkeyed effect, started at once
+    send(agent, safe)
+    # As a web process of the release before migration 0009 leaves them: the calls
+    # recorded, the column not kept.
+    Run.objects.filter(pk__in=[blunt.pk, keyed.pk]).update(verdict_blocked=False)
+
+    def run_command(*flags) -> tuple[str, str]:
+        out, err = StringIO(), StringIO()
+        call_command("mark_blocked_runs", *flags, stdout=out, stderr=err)
+        return out.getvalue().strip(), err.getvalue().strip()
+
+    assert run_command("--dry-run") == (
+        "2 run(s) to mark as blocked (dry run: nothing changed).",
+        "",
+    )
+    assert not Run.objects.filter(verdict_blocked=True).exists()
+
+    assert run_command() == ("Marked 2 run(s) as blocked.", "")
+    assert set(Run.objects.filter(verdict_blocked=True).values_list("run_key", flat=True)) == {
+        "blunt",
+        "keyed",
+    }
+    assert run_command() == ("Marked 0 run(s) as blocked.", "")
+
+    # A column set without a reason is a bug: reported, not changed.
+    Run.objects.filter(pk=safe.pk).update(verdict_blocked=True)
+    out, err = run_command()
+    assert out == "Marked 0 run(s) as blocked."
+    assert err.startswith("1 run(s) are marked blocked although their journal has no")
+    assert Run.objects.get(pk=safe.pk).verdict_blocked
+
+
 def test_the_sweeps_batch_verdicts_are_the_per_run_verdicts(agent, operator):
     # restart_verdicts reads rows as tuples, restart_verdict as models: the same rules.
     keyed = start(agent, "keyed").run
