@@ -306,21 +306,32 @@ def render(results: dict) -> str:
         "poll": "poll `GET /api/v1/effects/{id}` → 200",
         "poll304": "poll with `If-None-Match` → 304",
         "write": "record a keyed call + complete it (requests)",
+        "write_bare": "… the same without `Idempotency-Key` headers",
     }
-    for key in ("baseline", "poll", "poll304", "write"):
-        row = load[key]
-        lines.append(
-            f"| {names[key]} | {row['rps']:,.0f} | {row['rps'] / base['rps']:.2f} | "
-            f"{row['p50_us'] / 1000:.1f} | {row['p99_us'] / 1000:.1f} | "
-            f"{row['p99_us'] / base['p99_us']:.2f} |"
+
+    def row(label: str, rps: float, p50_us: float | None = None, p99_us: float | None = None):
+        latency = (
+            f"{p50_us / 1000:.1f} | {p99_us / 1000:.1f} | {p99_us / base['p99_us']:.2f}"
+            if p50_us is not None
+            else " | | "
         )
+        return f"| {label} | {rps:,.0f} | {rps / base['rps']:.2f} | {latency} |"
+
+    for key in ("baseline", "poll", "poll304", "write"):
+        got = load[key]
+        lines.append(row(names[key], got["rps"], got["p50_us"], got["p99_us"]))
     write = load["write"]
-    lines += [
-        f"| … as record + complete pairs | {write['pairs_per_s']:,.0f} | "
-        f"{write['pairs_per_s'] / base['rps']:.2f} | | | |",
-        "",
-    ]
-    short = {"poll": "poll (200)", "poll304": "poll (304)", "write": "record + complete"}
+    lines.append(row("… as record + complete pairs", write["pairs_per_s"]))
+    if "write_bare" in load:  # measured since 2026-12-03
+        got = load["write_bare"]
+        lines.append(row(names["write_bare"], got["rps"], got["p50_us"], got["p99_us"]))
+    lines.append("")
+    short = {
+        "poll": "poll (200)",
+        "poll304": "poll (304)",
+        "write": "record + complete",
+        "write_bare": "without the header",
+    }
     if results.get("round_ratios"):
         lines += [
             "Round by round, each path's throughput over the baseline's of the same round: "
@@ -493,6 +504,15 @@ def main() -> None:
             # workers idle between its requests): one wrk thread per connection,
             # since each owns a run and the effect it just recorded.
             "write": ("write.lua", {}, args.connections, args.connections),
+            # The same writes without request idempotency, as a client that sends no
+            # Idempotency-Key would make them: what that protection costs (the
+            # target is judged on the row above, as the Python client writes).
+            "write_bare": (
+                "write.lua",
+                {"BENCH_IDEMPOTENCY": "0"},
+                args.connections,
+                args.connections,
+            ),
         }
         log("warming up")
         for name, (script, extra, threads, conns) in plans.items():
@@ -509,7 +529,7 @@ def main() -> None:
                     conns,
                     {**wrk_env, **extra, "BENCH_STAMP": stamp},
                 )
-                if name == "write":
+                if name.startswith("write"):
                     got["pairs_per_s"] = got["completed"] / (got["duration_us"] / 1e6)
                 rounds[name].append(got)
                 log(

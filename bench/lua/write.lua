@@ -1,8 +1,9 @@
 -- make bench: the write path. Each thread owns one connection and one run (BENCH_RUNS,
 -- a file of run ids) and alternates: record a keyed effect call (201, action execute),
 -- then complete that effect (200). Every POST carries an Idempotency-Key, as the
--- Python client sends one with every POST.
+-- Python client sends one with every POST, unless BENCH_IDEMPOTENCY=0.
 local auth = "Bearer " .. (os.getenv("BENCH_TOKEN") or "")
+local idempotency = os.getenv("BENCH_IDEMPOTENCY") ~= "0"
 local stamp = os.getenv("BENCH_STAMP") or tostring(os.time())
 local runs = {}
 for line in io.lines(os.getenv("BENCH_RUNS")) do
@@ -29,8 +30,10 @@ function request()
   local headers = {
     ["Authorization"] = auth,
     ["Content-Type"] = "application/json",
-    ["Idempotency-Key"] = string.format("bench-%s-%d-%d", stamp, tid, counter),
   }
+  if idempotency then
+    headers["Idempotency-Key"] = string.format("bench-%s-%d-%d", stamp, tid, counter)
+  end
   if pending then
     local body = string.format(
       '{"run_id": "%s", "attempt": 1, "outcome": "done", "result": {"sent": %d}}', run_id, counter)
