@@ -14,14 +14,9 @@ from tests.api_client import Api
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def api(agent) -> Api:
-    return Api(agent.token)
-
-
-@pytest.fixture
-def run_id(api) -> str:
-    return api.start("ticket").body["run"]["id"]
+def _started(agent) -> tuple[Api, str]:
+    api = Api(agent.token)
+    return api, api.start("ticket").body["run"]["id"]
 
 
 def assert_answers_schema(answer, schema: type[BaseModel], like) -> None:
@@ -32,7 +27,8 @@ def assert_answers_schema(answer, schema: type[BaseModel], like) -> None:
     assert answer.headers["Content-Type"] == like.headers["Content-Type"]
 
 
-def test_every_kind_of_record_answer_is_its_schema(api, run_id, operator):
+def test_every_kind_of_record_answer_is_its_schema(agent, operator):
+    api, run_id = _started(agent)
     validated = api.get(f"/runs/{run_id}")  # rendered by ninja after validation
 
     read = api.call(run_id, tool="lookup", kind="read", args={"id": "c-1"})
@@ -74,7 +70,8 @@ def test_every_kind_of_record_answer_is_its_schema(api, run_id, operator):
         ({"outcome": "failed", "error": "smtp: mailbox full"}, "failed"),
     ],
 )
-def test_every_kind_of_complete_answer_is_its_schema(api, run_id, report, status):
+def test_every_kind_of_complete_answer_is_its_schema(agent, report, status):
+    api, run_id = _started(agent)
     validated = api.get(f"/runs/{run_id}")
     effect = api.call(run_id, tool="reply", key="m-1", key_source="provider").body["effect"]
 
