@@ -4,12 +4,13 @@
 counts every authenticated request of an agent in the current window; past the
 limit the answer is ``429 rate_limited`` with ``Retry-After`` (the seconds left in
 the window). A fixed window is the simplest counter that is exact under any number
-of web processes when the cache is shared (Redis): the window's counter is
-created once with its expiry, and incremented atomically. A burst of up to twice
-the limit across a window boundary is the known price of that simplicity.
+of web processes when the cache is shared (Redis): each window has its own
+counter, incremented atomically, which expires a little after the window. A burst
+of up to twice the limit across a window boundary is the known price of that
+simplicity.
 
 Every API request counts, the poll too, so counting is one round trip to Redis:
-``SET NX EX`` and ``INCR`` in one pipeline. Django's ``cache.add`` then
+``INCR`` and ``EXPIRE`` in one ``MULTI``/``EXEC``. Django's ``cache.add`` then
 ``cache.incr`` would be three (its Redis ``incr`` asks ``EXISTS`` first). In
 local memory the counter is incremented first, and created only when that fails.
 
@@ -60,10 +61,14 @@ def _incr_window(cache, key: str, timeout: int) -> int:
     if isinstance(cache, RedisCache):
         # Django's own key (prefix, version), as cache.add and cache.incr would use.
         redis_key = cache.make_and_validate_key(key)
-        with cache._cache.get_client(redis_key, write=True).pipeline(transaction=False) as pipe:
-            pipe.set(redis_key, 0, ex=timeout, nx=True)
+        # INCR creates a missing counter at 1; EXPIRE in the same MULTI/EXEC gives it
+        # its expiry whatever happened before, so no counter is ever left without one
+        # (setting it on every request only moves a past window's end a little).
+        client = cache._cache.get_client(redis_key, write=True)
+        with client.pipeline(transaction=True) as pipe:
             pipe.incr(redis_key)
-            _, used = pipe.execute()
+            pipe.expire(redis_key, timeout)
+            used, _ = pipe.execute()
         return used
     try:
         return cache.incr(key)  # the window's counter exists but for its first request
