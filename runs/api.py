@@ -413,7 +413,10 @@ _ATTEMPT = "$response.body#/attempt/number"
 
 def _links(status: int | tuple[int, ...], links: dict) -> dict:
     statuses = status if isinstance(status, tuple) else (status,)
-    return {"responses": {str(code): {"links": links} for code in statuses}}
+    # Integer keys, as ninja's own responses have: ninja merges openapi_extra into
+    # them key by key, and a "200" beside 200 would be written twice into the JSON
+    # (a duplicated key, which Swagger UI refuses to render).
+    return {"responses": {code: {"links": links} for code in statuses}}
 
 
 START_LINKS = _links(

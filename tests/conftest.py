@@ -5,6 +5,9 @@ Other rows are made inline where a test needs them.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 from db_helpers import connect_outside_django
 from django.contrib.auth.models import Group, User
@@ -78,3 +81,44 @@ def other_connection():
         yield conn
     finally:
         conn.close()
+
+
+# --- Browser tests (Playwright driving Debian's chromium) -------------------------
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        # Never a silent skip: make test and .ci/run install it.
+        pytest.fail("Debian's chromium is not installed (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API runs an event loop in this thread; Django's ORM calls made
+    # by the test itself are then wrongly flagged as "async unsafe".
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    yield page
+    context.close()

@@ -6,7 +6,6 @@ screenshot under test-artifacts/ (the README's screenshots come from these).
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 import time
@@ -19,25 +18,10 @@ from runs.models import Effect, EffectStatus
 from runs.outcomes import claim_effect
 from tests.console_helpers import awaiting_campaign, failed_unkeyed_run, unknown_effect
 
-# Playwright's sync API runs an event loop in this thread; Django's ORM calls made
-# by the test itself are then wrongly flagged as "async unsafe".
-os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 @pytest.fixture(autouse=True)
@@ -61,28 +45,6 @@ def _roles(transactional_db):
             group.permissions.add(
                 Permission.objects.get(content_type__app_label=app_label, codename=codename)
             )
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        # Never a silent skip: make test and .ci/run install it.
-        pytest.fail("Debian's chromium is not installed (apt-get install -y chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(10_000)
-    yield page
-    context.close()
 
 
 def sign_in(page, live_server, username: str) -> None:
