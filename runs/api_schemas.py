@@ -43,16 +43,59 @@ def _check_text(value: str) -> str:
     return value
 
 
-# "Printable": no control characters (C0, DEL, C1). Stated as a pattern so that the
-# OpenAPI schema says exactly what the server accepts.
-PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f]+$"
+def _non_printable_ranges() -> str:
+    """The code points ``str.isprintable()`` refuses, as the ranges of a regex class.
+
+    Those are controls, format characters (U+202E right-to-left override, U+200B zero
+    width space...), line and paragraph separators, spaces other than U+0020,
+    private-use and unassigned code points: whatever displays differently from what
+    it is. Derived from Python itself, so the pattern and the check never disagree.
+    Surrogates are left out: a regex engine refuses them in a class, and
+    ``_check_text`` refuses them first. Planes 4 to 13 (unassigned) and 15 to 16
+    (private use) are taken whole, so the loop looks at a third of the code points.
+    """
+    spans: list[list[int]] = []
+
+    def refuse(first: int, last: int) -> None:
+        if spans and spans[-1][1] == first - 1:
+            spans[-1][1] = last
+        else:
+            spans.append([first, last])
+
+    def scan(codes: range) -> None:
+        for code in codes:
+            if not chr(code).isprintable():
+                refuse(code, code)
+
+    scan(range(0xD800))
+    scan(range(0xE000, 0x40000))
+    refuse(0x40000, 0xDFFFF)
+    scan(range(0xE0000, 0xF0000))
+    refuse(0xF0000, 0x10FFFF)
+
+    def escape(code: int) -> str:
+        return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+    return "".join(
+        escape(first) if first == last else f"{escape(first)}-{escape(last)}"
+        for first, last in spans
+    )
+
+
+# "Printable", as ``str.isprintable()`` says (the Idempotency-Key header's rule too):
+# a key an operator reads must display as what it is. Stated as a pattern so that
+# the OpenAPI schema says exactly what the server accepts.
+PRINTABLE = f"^[^{_non_printable_ranges()}]+$"
 NO_NUL = r"^[^\x00]*$"
 
 
 def _check_printable(value: str) -> str:
     _check_text(value)
-    if any(ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F for ch in value):
-        raise ValueError("must be printable characters only")
+    if not value.isprintable():
+        raise ValueError(
+            "must be printable characters only (no control, format or separator "
+            "characters such as U+202E or U+200B, no spaces other than U+0020)"
+        )
     return value
 
 
