@@ -54,6 +54,7 @@ from startsafe_client import (  # noqa: E402
     Run,
     RunFinished,
     Tool,
+    Waiting,
     content_key_of_file,
     intent_key,
     provider_key,
@@ -194,13 +195,22 @@ def answer_ticket(
             continue
         except (OutcomeUnknown, ApprovalTimeout) as stop:
             print(f"  {name}: {stop.code}: {stop.message}")
-            waiting.append(f"{name}: decide at /effects/{stop.effect_id}/")
+            waiting.append(f"{name}: decide at {run.client.console_url(str(stop.effect_id))}")
             continue
         action = run.journal[-1].get("action") if run.journal else "?"
         if name == "lookup_customer":
             customer = result
         print(f"  {name}: {action} -> {result}")
     return waiting
+
+
+def say_waiting(waiting: Waiting) -> None:
+    """The client's ``on_wait``: once per call that waits, say where a person decides."""
+    print(
+        f"  {waiting.tool}: waiting ({waiting.status}, up to {waiting.timeout:g} s) for a "
+        f"decision at {waiting.url}",
+        flush=True,  # the wait may be long: show it now, even when stdout is a pipe
+    )
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -242,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         approval_timeout=options.approval_timeout,
         poll_interval=options.poll_interval,
         poll_max_interval=max(options.poll_interval, 5.0),
+        on_wait=say_waiting,
         transport=KillAt(*options.kill_at) if options.kill_at else None,
     )
     tools = declare_tools(client, options.ledger, Crasher(options.crash_after))

@@ -200,6 +200,43 @@ def test_wait_polls_with_etag_until_released_then_claims_and_executes():
     assert (call["needs_approval"], call["approvals_required"]) == (True, 2)
 
 
+def test_on_wait_is_told_once_per_call_where_a_person_decides():
+    # Three polls before the approval: the caller hears of the wait once, before them.
+    approved = effect("approved", args={"mid": "m-1", "text": "approved text"})
+    peer = base_peer()
+    peer.on("POST /runs/run-1/calls", (201, call_answer("wait", effect("awaiting_approval"))))
+    peer.on(
+        "GET /effects/eff-1",
+        httpx.Response(304),
+        httpx.Response(304),
+        httpx.Response(200, json={"effect": approved, "action": "claim"}),
+    )
+    peer.on("POST /effects/eff-1/claim", (200, {"effect": approved, "action": "execute"}))
+    peer.on("POST /effects/eff-1/complete", (200, {"effect": {**approved, "status": "done"}}))
+    heard: list[tuple[ss.Waiting, int]] = []
+
+    def on_wait(waiting: ss.Waiting) -> None:
+        heard.append((waiting, len(peer.bodies("GET", "/effects/eff-1"))))
+
+    client, ran = make(peer, on_wait=on_wait, approval_timeout=120), []
+    send_campaign = reply_tool(client, ran, needs_approval=True)
+
+    with client.run("t-1") as run:
+        run.call(send_campaign, mid="m-1", text="model text")
+
+    assert len(heard) == 1
+    waiting, polls_before = heard[0]
+    assert polls_before == 0  # told as the wait began, not after it
+    assert waiting.url == "http://startsafe.test/effects/eff-1/"
+    assert (waiting.tool, waiting.effect_id, waiting.status) == (
+        "send_reply",
+        "eff-1",
+        "awaiting_approval",
+    )
+    assert waiting.timeout == 120
+    assert len(peer.bodies("GET", "/effects/eff-1")) == 3
+
+
 def test_a_wait_that_outlasts_the_approval_timeout_raises_approval_timeout():
     peer = base_peer()
     peer.on("POST /runs/run-1/calls", (201, call_answer("wait", effect("awaiting_approval"))))
@@ -333,8 +370,9 @@ def test_a_tool_called_directly_refuses():
 
 
 def test_a_live_attempt_is_not_superseded_unless_told():
-    fresh = datetime.now(UTC).isoformat()
-    peer = base_peer().on("POST /runs", refusal("already_running", attempt=1, heartbeat_at=fresh))
+    beat = (datetime.now(UTC) - timedelta(seconds=12.2)).isoformat()
+    peer = base_peer().on("POST /runs", refusal("already_running", attempt=1, heartbeat_at=beat))
+    peer.on("GET /runs", (200, {"items": [{**RUN, "heartbeat_timeout": 90}], "next_cursor": None}))
     client = make(peer)
 
     with pytest.raises(ss.AlreadyRunning) as raised, client.run("t-1"):
@@ -342,6 +380,14 @@ def test_a_live_attempt_is_not_superseded_unless_told():
 
     assert raised.value.attempt == 1
     assert len(peer.bodies("POST", "/runs")) == 1
+    # In the client's terms, with the run's own heartbeat_timeout (90 s, not the default).
+    assert raised.value.message == (
+        "run 't-1' already has a running attempt 1 (last heartbeat 12 s ago): pass "
+        "supersede=True to take over now, or supersede='stale' to take over once its "
+        "heartbeat is older than 90 s"
+    )
+    assert "send supersede" not in str(raised.value)
+    assert (raised.value.code, raised.value.status) == ("already_running", 409)
 
 
 def test_supersede_true_names_the_live_attempt():
@@ -375,8 +421,33 @@ def test_supersede_stale_supersedes_only_an_attempt_older_than_its_heartbeat_tim
         with client.run("t-1", supersede="stale") as run:
             assert run.attempt == 2
     else:
-        with pytest.raises(ss.AlreadyRunning), client.run("t-1", supersede="stale"):
+        with pytest.raises(ss.AlreadyRunning) as raised, client.run("t-1", supersede="stale"):
             pass
+        assert raised.value.message == (
+            "run 't-1' already has a running attempt 1 (last heartbeat 10 s ago), not older "
+            "than the run's heartbeat_timeout of 60 s: start again later, or pass "
+            "supersede=True to take over now if you know that it died"
+        )
+
+
+def test_supersede_true_that_loses_to_another_start_says_so_in_the_clients_terms():
+    fresh = datetime.now(UTC).isoformat()
+    peer = base_peer().on(
+        "POST /runs",
+        refusal("already_running", attempt=3, heartbeat_at=fresh),
+        refusal("already_running", attempt=4, heartbeat_at=fresh),
+    )
+    peer.on("GET /runs", (200, {"items": [RUN], "next_cursor": None}))
+    client = make(peer)
+
+    with pytest.raises(ss.AlreadyRunning) as raised, client.run("t-1", supersede=True):
+        pass
+
+    assert raised.value.attempt == 4
+    assert raised.value.message == (
+        "run 't-1' already has a running attempt 4 (last heartbeat 0 s ago): another start "
+        "took the run over first"
+    )
 
 
 def test_a_blocked_restart_raises_restart_blocked_with_the_verdict():

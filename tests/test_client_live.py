@@ -7,8 +7,11 @@ Decisions a person takes are made through ``approvals.decisions`` from the clien
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -281,6 +284,9 @@ def test_a_live_attempt_is_superseded_only_when_told(live_server, agent):
     with pytest.raises(ss.AlreadyRunning) as raised, client.run("ticket-10"):
         pass
     assert raised.value.attempt == 1
+    # Said in the client's terms, with the run's default heartbeat_timeout.
+    assert "pass supersede=True to take over now" in raised.value.message
+    assert "once its heartbeat is older than 60 s" in raised.value.message
     with pytest.raises(ss.AlreadyRunning), client.run("ticket-10", supersede="stale"):
         pass  # its heartbeat is fresh
 
@@ -389,3 +395,49 @@ def test_over_the_rate_limit_the_client_waits_retry_after_and_nothing_runs_twice
     assert Call.objects.filter(run_id=run.id).count() == 5
     # Refused at least once, and each wait was the server's advice (a whole second).
     assert any(w >= 1 for w in waits)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_example_prints_the_console_address_of_the_effect_it_waits_for_once(
+    live_server, agent, operator, tmp_path
+):
+    """The support agent waits for the campaign's approval: while it waits it has said,
+    once, where a person decides (the client's ``on_wait``), though it polls many times."""
+    command = [
+        sys.executable,
+        str(ROOT / "examples" / "support_agent.py"),
+        *("--base-url", live_server.url, "--token", agent.token, "--ticket", "ticket-wait"),
+        *("--ledger", str(tmp_path / "ledger.jsonl"), "--seed", "1"),
+        *("--poll-interval", "0.05", "--approval-timeout", "30"),
+    ]
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    agent_process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT
+    )
+    try:
+        lines: list[str] = []
+        # Bounded by --approval-timeout: without the line, the agent gives up and exits.
+        for line in agent_process.stdout:
+            lines.append(line)
+            if "waiting" in line:
+                break
+        campaign = Effect.objects.get(tool="send_campaign")
+        address = f"{live_server.url}/effects/{campaign.pk}/"
+        assert campaign.status == "awaiting_approval", lines
+        assert address in lines[-1], lines
+
+        time.sleep(0.5)  # several polls go by: none of them repeats the line
+        approve_effect(operator, campaign.pk, args_hash=campaign.args_hash, note="ok")
+        rest = agent_process.communicate(timeout=30)[0]
+    finally:
+        if agent_process.poll() is None:
+            agent_process.kill()
+            agent_process.wait()
+
+    assert agent_process.returncode == 0, "".join(lines) + rest
+    output = "".join(lines) + rest
+    assert output.count(address) == 1, output
+    assert "send_campaign: waiting (awaiting_approval, up to 30 s) for a decision at" in output
+    assert Effect.objects.get(pk=campaign.pk).status == "done"

@@ -18,7 +18,7 @@ section "For agent developers".
 
 from __future__ import annotations
 
-from .client import Client, Reconciliation, Tool
+from .client import Client, Reconciliation, Tool, Waiting
 from .errors import (
     AlreadyRunning,
     ApprovalTimeout,
@@ -70,6 +70,7 @@ __all__ = [
     "StartsafeError",
     "Tool",
     "Unauthorized",
+    "Waiting",
     "content_key",
     "content_key_of_file",
     "intent_key",

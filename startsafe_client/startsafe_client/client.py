@@ -76,6 +76,37 @@ ReconcileLookup = Callable[[Args, "str | None"], "Reconciliation | None"]
 
 
 @dataclass(frozen=True)
+class Waiting:
+    """What a tool call waits for: passed to the client's ``on_wait`` callback.
+
+    A call waits when its effect needs a decision (approval, or a person settling
+    it) or is in flight in another attempt. The callback is called once per tool
+    call, when the wait begins, before the first poll: tell the person who decides
+    where to go (``url``).
+
+    Attributes:
+        tool: the tool's name.
+        effect: the effect as the answer showed it (a dict shaped like the API's Effect).
+        url: the effect's page in the console, where a person decides.
+        timeout: how long the call waits at most (the client's ``approval_timeout``).
+    """
+
+    tool: str
+    effect: dict[str, Any]
+    url: str
+    timeout: float
+
+    @property
+    def effect_id(self) -> str:
+        return str(self.effect.get("id"))
+
+    @property
+    def status(self) -> str | None:
+        """The effect's status, e.g. ``awaiting_approval``."""
+        return self.effect.get("status")
+
+
+@dataclass(frozen=True)
 class Tool:
     """A tool declared once with :meth:`Client.tool`; call it with :meth:`Run.call`.
 
@@ -150,6 +181,9 @@ class Client:
             by half per poll up to ``poll_max_interval``.
         approval_timeout: how long a tool call waits for a decision (approval, or
             another attempt's effect in flight) before :class:`ApprovalTimeout`.
+        on_wait: called with a :class:`Waiting` once per tool call that begins to
+            wait, e.g. to print the console address of the effect a person must
+            decide (the client itself prints nothing).
         transport: an ``httpx`` transport (tests inject faults with it).
         sleep: the sleeping function (tests pass a fake one).
         clock: the monotonic clock that bounds waits (tests pass a fake one).
@@ -169,6 +203,7 @@ class Client:
         poll_interval: float = 2.0,
         poll_max_interval: float = 15.0,
         approval_timeout: float = 300.0,
+        on_wait: Callable[[Waiting], None] | None = None,
         transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
@@ -185,6 +220,7 @@ class Client:
         self.poll_interval = poll_interval
         self.poll_max_interval = poll_max_interval
         self.approval_timeout = approval_timeout
+        self.on_wait = on_wait
         self.sleep = sleep
         self.clock = clock
         self._http = httpx.Client(
@@ -205,6 +241,10 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def console_url(self, effect_id: str) -> str:
+        """The effect's page in the console (the same server): where a person decides."""
+        return f"{self.base_url}/effects/{effect_id}/"
 
     # --- HTTP with retries ---------------------------------------------------------
 

@@ -10,7 +10,7 @@ exception                what to do
 =======================  ==================================================================
 Unauthorized             fix the token; nothing was recorded
 NotFound                 a wrong id, or another agent's: a bug in the caller
-AlreadyRunning           another attempt is live: wait, or start with ``supersede``
+AlreadyRunning           another attempt is live: wait, or ``supersede=True`` / ``"stale"``
 RestartBlocked           the verdict refuses: an operator must allow the restart (``verdict``)
 RunFinished              the run is completed or abandoned: stop, nothing more to do
 AttemptSuperseded        a newer attempt took over: stop at once, do nothing more
@@ -93,7 +93,13 @@ class NotFound(StartsafeError):
 
 
 class AlreadyRunning(StartsafeError):
-    """409: the run has a live attempt; ``attempt`` and ``heartbeat_at`` help judge it."""
+    """409: the run has a live attempt; ``attempt`` and ``heartbeat_at`` help judge it.
+
+    Raised by :meth:`Client.run` with a message in the client's terms: how old the
+    attempt's heartbeat is, and which ``supersede=`` takes it over. (A raw
+    ``client.post("/runs", ...)`` keeps the API's message, about its ``supersede``
+    attempt number.)
+    """
 
     code = "already_running"
 

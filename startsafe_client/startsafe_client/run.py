@@ -34,7 +34,7 @@ import threading
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
-from .client import Reconciliation, Tool
+from .client import Reconciliation, Tool, Waiting
 from .errors import (
     AlreadyRunning,
     ApprovalTimeout,
@@ -123,9 +123,7 @@ class Run:
         try:
             answer = self.client.post("/runs", self._start_body)
         except AlreadyRunning as running:
-            if not self._should_supersede(running):
-                raise
-            answer = self.client.post("/runs", {**self._start_body, "supersede": running.attempt})
+            answer = self._supersede_or_raise(running)
         self._adopt(answer)
         self._heartbeat_thread = threading.Thread(
             target=self._heartbeat_loop, name=f"startsafe-heartbeat-{self.id}", daemon=True
@@ -142,21 +140,62 @@ class Run:
         self.journal = answer.get("journal") or []
         self.effects = answer.get("effects") or []
 
+    def _supersede_or_raise(self, running: AlreadyRunning) -> dict[str, Any]:
+        """Supersede the live attempt when told to (class doc, step 2), or raise.
+
+        The :class:`AlreadyRunning` raised speaks the client's terms (``supersede=``),
+        not the API's: the caller never sends an attempt number.
+        """
+        if running.attempt is not None and self._should_supersede(running):
+            try:
+                return self.client.post("/runs", {**self._start_body, "supersede": running.attempt})
+            except AlreadyRunning as again:  # another start took the run over first
+                running = again
+        raise AlreadyRunning(
+            self._already_running_message(running),
+            code=running.code,
+            status=running.status,
+            details=running.details,
+        ) from None  # the API's wording ("send supersede with its number") misleads here
+
     def _should_supersede(self, running: AlreadyRunning) -> bool:
         """Whether to supersede the live attempt (see the class doc, step 2)."""
-        if running.attempt is None:
-            return False
         if self.supersede is True:
             return True
-        if self.supersede != "stale" or not running.heartbeat_at:
+        age = _heartbeat_age(running)
+        if self.supersede != "stale" or age is None:
             return False
+        return age > self._run_heartbeat_timeout()
+
+    def _run_heartbeat_timeout(self) -> float:
+        """The run's ``heartbeat_timeout``: its first start fixed it, so ask the server."""
         timeout = self._start_body.get("heartbeat_timeout", 60)
         found = self.client.list_runs(run_key=self.run_key).get("items") or []
         if found and found[0].get("run_key") == self.run_key:
             timeout = found[0].get("heartbeat_timeout", timeout)
-        now = datetime.now(timezone.utc)  # noqa: UP017 (the client supports Python 3.10)
-        age = now - _parse_time(running.heartbeat_at)
-        return age.total_seconds() > float(timeout)
+        return float(timeout)
+
+    def _already_running_message(self, running: AlreadyRunning) -> str:
+        """What the caller can do about a live attempt, in the terms of ``client.run``."""
+        try:
+            timeout = self._run_heartbeat_timeout()
+        except StartsafeError:  # the message must not hide the refusal behind another error
+            timeout = float(self._start_body.get("heartbeat_timeout", 60))
+        age = _heartbeat_age(running)
+        beat = "no heartbeat yet" if age is None else f"last heartbeat {max(age, 0):.0f} s ago"
+        head = f"run {self.run_key!r} already has a running attempt {running.attempt} ({beat})"
+        if self.supersede is True:
+            return f"{head}: another start took the run over first"
+        if self.supersede == "stale":
+            return (
+                f"{head}, not older than the run's heartbeat_timeout of {timeout:g} s: "
+                "start again later, or pass supersede=True to take over now if you know "
+                "that it died"
+            )
+        return (
+            f"{head}: pass supersede=True to take over now, or supersede='stale' to take "
+            f"over once its heartbeat is older than {timeout:g} s"
+        )
 
     def finish(self, outcome: Literal["completed", "failed"], error: str | None = None) -> None:
         """Finish this attempt (``__exit__`` calls it); stops the heartbeat first."""
@@ -302,20 +341,21 @@ class Run:
                     raise OutcomeUnknown(
                         f"{tool.name}: the outcome of effect {effect['id']} is unknown and "
                         "the tool has no reconcile lookup; a person decides at "
-                        f"/effects/{effect['id']}/",
+                        f"{self.client.console_url(effect['id'])}",
                         effect=effect,
                     )
                 if reconciled:
                     raise OutcomeUnknown(
                         f"{tool.name}: effect {effect['id']} is still in review after the "
-                        f"lookup; a person decides at /effects/{effect['id']}/",
+                        f"lookup; a person decides at {self.client.console_url(effect['id'])}",
                         effect=effect,
                     )
                 reconciled = True
                 action, effect = self._reconcile(tool, effect)
             elif action == "wait":
-                if deadline is None:
+                if deadline is None:  # the wait begins: once per call
                     deadline = self.client.clock() + self.client.approval_timeout
+                    self._tell_waiting(tool, effect)
                 action, effect = self._wait(tool, effect, deadline)
             else:
                 raise StartsafeError(f"unexpected action {action!r}", code="unexpected")
@@ -340,6 +380,18 @@ class Run:
         recorded = (answer.get("effect") or {}).get("result")
         return recorded if isinstance(recorded, dict) else result
 
+    def _tell_waiting(self, tool: Tool, effect: dict[str, Any]) -> None:
+        """Call the client's ``on_wait`` with where a person decides (``Waiting``)."""
+        if self.client.on_wait is not None:
+            self.client.on_wait(
+                Waiting(
+                    tool=tool.name,
+                    effect=effect,
+                    url=self.client.console_url(effect["id"]),
+                    timeout=self.client.approval_timeout,
+                )
+            )
+
     def _wait(
         self, tool: Tool, effect: dict[str, Any], deadline: float
     ) -> tuple[str, dict[str, Any]]:
@@ -352,8 +404,8 @@ class Run:
             if remaining <= 0:
                 raise ApprovalTimeout(
                     f"{tool.name}: effect {effect['id']} still waits ({effect.get('status')}) "
-                    f"after {self.client.approval_timeout:g}s; decide at /effects/{effect['id']}/ "
-                    "and run again",
+                    f"after {self.client.approval_timeout:g}s; decide at "
+                    f"{self.client.console_url(effect['id'])} and run again",
                     effect=effect,
                 )
             self.client.sleep(min(interval, remaining))
@@ -372,7 +424,7 @@ class Run:
         if found is None:
             raise OutcomeUnknown(
                 f"{tool.name}: the lookup could not tell whether effect {effect['id']} "
-                f"happened; a person decides at /effects/{effect['id']}/",
+                f"happened; a person decides at {self.client.console_url(effect['id'])}",
                 effect=effect,
             )
         if not isinstance(found, Reconciliation):
@@ -408,6 +460,14 @@ def _blocked_message(tool: Tool, effect: dict[str, Any]) -> str:
     note = decision.get("note") or ""
     text = f"{tool.name}: effect {effect['id']} is {effect.get('status')} ({verb})"
     return f"{text}: {note}" if note else text
+
+
+def _heartbeat_age(running: AlreadyRunning) -> float | None:
+    """Seconds since the live attempt's last heartbeat (``None`` when not given)."""
+    if not running.heartbeat_at:
+        return None
+    now = datetime.now(timezone.utc)  # noqa: UP017 (the client supports Python 3.10)
+    return (now - _parse_time(running.heartbeat_at)).total_seconds()
 
 
 def _parse_time(text: str) -> datetime:
