@@ -151,6 +151,14 @@ def test_mark_an_unknown_effect_done(page, live_server, operator, agent):
     effect = unknown_effect(agent)
     sign_in(page, live_server, "olivia")
     page.goto(f"{live_server.url}/effects/{effect.pk}/")
+    # Nothing is chosen for the operator: every decision is folded, and each says,
+    # while folded, what it will cause.
+    assert page.locator("details.action[open]").count() == 0
+    assert page.get_by_role("button", name="Release").is_visible() is False
+    assert page.get_by_text("if it did happen, it happens twice").is_visible()
+    assert page.get_by_text("The next attempt skips it").is_visible()
+    assert page.get_by_text("It is never performed").is_visible()
+    shot(page, "unknown-effect")
     page.locator("summary", has_text="Mark done").click()
     panel = page.locator("details", has=page.locator("summary", has_text="Mark done"))
     panel.get_by_label("Note (required)").fill("Found it in Sent Items")

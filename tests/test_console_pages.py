@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.conf import settings
+from django.test.html import Element, parse_html
 from django.urls import get_script_prefix, reverse, set_script_prefix
 
 from approvals.decisions import approve_effect
@@ -214,6 +215,68 @@ def test_the_effect_page_shows_versions_with_diffs_authors_and_approvals(
     assert '<span class="d-add">+  &quot;subject&quot;: &quot;Winter SALE&quot;' in html
     assert "oscar approved" in html and "no longer counts" in html
     assert reverse("console:approve", args=[effect.pk]) in html
+
+
+def _elements(node, name: str) -> list[Element]:
+    """Every element called ``name`` (``*``: any) under ``node`` (Django's HTML parser)."""
+    found = []
+    for child in getattr(node, "children", []):
+        if isinstance(child, Element):
+            if name in ("*", child.name):
+                found.append(child)
+            found += _elements(child, name)
+    return found
+
+
+def _text(node) -> str:
+    if isinstance(node, str):
+        return node
+    return " ".join(_text(child) for child in node.children)
+
+
+def _attrs(element: Element) -> dict:
+    return dict(element.attributes)
+
+
+# What each decision on an unknown outcome causes, as the operator reads it first.
+CONSEQUENCES = {
+    "release": "The next attempt performs it again: if it did happen, it happens twice.",
+    "mark-done": "The next attempt skips it, with your note (and result) as its outcome.",
+    "reject": "It is never performed: the agent is told it was rejected, with your note.",
+}
+
+
+@pytest.mark.parametrize("page", ["effect", "queue"])
+def test_no_decision_is_preselected_for_an_unknown_outcome_and_each_says_what_it_causes(
+    client, operator, agent, page
+):
+    effect = unknown_effect(agent)
+    client.force_login(operator)
+    html = client.get(f"/effects/{effect.pk}/" if page == "effect" else "/").content.decode()
+    # The effect's panel, or its row in the queue's unknown outcomes.
+    panel_id = "effect-detail" if page == "effect" else f"effect-{effect.pk}"
+    (panel,) = [e for e in _elements(parse_html(html), "*") if _attrs(e).get("id") == panel_id]
+    decisions = [d for d in _elements(panel, "details") if _attrs(d).get("class") == "action"]
+
+    actions = {_attrs(_elements(d, "form")[0])["action"].rsplit("/", 1)[1]: d for d in decisions}
+    assert sorted(actions) == ["mark-done", "reject", "release"]
+    for action, details in actions.items():
+        # Folded, and no button is the default one: releasing may do the effect twice.
+        assert "open" not in _attrs(details), action
+        assert all(
+            "primary" not in (_attrs(b).get("class") or "") for b in _elements(details, "button")
+        ), action
+        # Its summary (visible while folded) says what the decision will cause.
+        summary = " ".join(_text(_elements(details, "summary")[0]).split())
+        assert CONSEQUENCES[action] in summary, summary
+        # The form is still the fixed POST form that works without JavaScript.
+        form = _attrs(_elements(details, "form")[0])
+        assert form["method"] == "post"
+        assert form["action"] == reverse(f"console:{action}", args=[effect.pk])
+        fields = {_attrs(f).get("name") for f in _elements(details, "input")}
+        fields |= {_attrs(f).get("name") for f in _elements(details, "textarea")}
+        assert {"args_hash", "note"} <= fields
+    assert "Release: it did not happen" in _text(actions["release"])
 
 
 def test_the_effect_page_shows_late_reports_prominently(client, viewer, agent, operator):
