@@ -294,6 +294,18 @@ if CELERY_BROKER_URL == "filesystem://":
         "processed_folder": str(_processed_dir),
         "store_processed": False,
     }
+# A prefix on every key and channel the broker uses in Redis (kombu's
+# global_keyprefix), so several deployments, or a test run, can share one Redis
+# database without seeing each other's queues; each can then clear its own keys
+# without flushing anyone else's (the tests do: tests/redis_helpers.py).
+_broker_key_prefix = env_str("CELERY_BROKER_KEY_PREFIX", "")
+if _broker_key_prefix:
+    if not CELERY_BROKER_URL.startswith(("redis://", "rediss://", "redis+socket://")):
+        raise ImproperlyConfigured("CELERY_BROKER_KEY_PREFIX needs a redis:// CELERY_BROKER_URL.")
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        **CELERY_BROKER_TRANSPORT_OPTIONS,
+        "global_keyprefix": _broker_key_prefix,
+    }
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 from django.conf import settings as django_settings
 from django.db import connection
 
@@ -27,11 +26,11 @@ from runs.calls import record_call
 from runs.errors import AlreadyRunning
 from runs.lifecycle import heartbeat, start_run
 from runs.models import Attempt, AuditEvent, Effect, EffectStatus, Run, RunStatus
+from tests.redis_helpers import REDIS_URL, Namespace, redis_namespace, someone_elses_key
 from tests.runtime_server import RuntimeServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
-BROKER = os.environ.get("STARTSAFE_TEST_REDIS_URL", "redis://127.0.0.1:6379/7")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -52,16 +51,22 @@ def _wait(predicate, timeout: float, what: str, every: float = 0.2):
 
 
 class Processes:
-    """Celery subprocesses, each in its own process group, always terminated."""
+    """Celery subprocesses, each in its own process group, always terminated.
 
-    def __init__(self, tmp: Path):
+    Their broker is the tests' shared Redis database, under a key prefix of their own
+    (``namespace``): every queue, binding and channel, so nothing else there is read.
+    """
+
+    def __init__(self, tmp: Path, namespace: Namespace):
         self.tmp = tmp
+        self.namespace = namespace
         self.env = {
             **os.environ,
             "DEBUG": "1",
             "DATABASE_URL": _database_url(),
             "DATABASE_POOL": "0",
-            "CELERY_BROKER_URL": BROKER,
+            "CELERY_BROKER_URL": REDIS_URL,
+            "CELERY_BROKER_KEY_PREFIX": namespace.prefix,
             "STARTSAFE_SWEEP_INTERVAL": "1",
             "STARTSAFE_NOTIFY_INTERVAL": "60",
             # A short per-try timeout makes the lease of a dead try short (2*3+5 s).
@@ -118,19 +123,25 @@ class Processes:
 
 
 @pytest.fixture
+def someone_elses_redis_key():
+    """Set up before the broker's fixture and checked after it: it must survive it."""
+    with someone_elses_key() as key:
+        yield key
+
+
+@pytest.fixture
 def celery_processes(tmp_path):
-    client = redis.Redis.from_url(BROKER)
-    client.flushdb()
-    processes = Processes(tmp_path)
-    try:
-        yield processes
-    finally:
-        processes.stop_all()
-        client.flushdb()
+    # Never FLUSHDB: the Redis is shared. The prefix's keys alone are deleted after.
+    with redis_namespace("celery") as namespace:
+        processes = Processes(tmp_path, namespace)
+        try:
+            yield processes
+        finally:
+            processes.stop_all()
 
 
 def test_a_silent_run_is_handed_back_and_a_killed_handoff_still_arrives_once(
-    transactional_db, agent, celery_processes
+    someone_elses_redis_key, transactional_db, agent, celery_processes
 ):
     release_first = threading.Event()
     starts: list[str] = []
@@ -180,6 +191,8 @@ def test_a_silent_run_is_handed_back_and_a_killed_handoff_still_arrives_once(
             interrupted_after = time.monotonic() - silent_since
             effect.refresh_from_db()
             assert effect.status == EffectStatus.UNKNOWN
+            # The worker and beat found each other under the prefix alone.
+            assert celery_processes.namespace.keys("_kombu.binding.celery")
 
             # The restart URL is called with the next attempt; it is held open...
             assert runtime.wait_for(1, timeout=20), celery_processes.logs()

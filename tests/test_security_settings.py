@@ -7,6 +7,8 @@ import re
 import secrets
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from runs import models as run_models
 from runs.models import Agent, hash_token
 from startsafe.env import env_rate, parse_rate
 from tests.api_client import Api
+from tests.redis_helpers import REDIS_URL, Namespace, redis_namespace, someone_elses_key
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -185,27 +188,42 @@ def test_a_token_over_its_rate_gets_429_with_retry_after(agent, other_agent):
         assert Api(other_agent.token).get("/runs").status == 200
 
 
-# The rate limit's counters in Redis, as production keeps them (CACHE_URL); a
-# database of its own on the machine's Redis, emptied before and after.
-REDIS_CACHE_URL = os.environ.get("STARTSAFE_TEST_CACHE_URL", "redis://127.0.0.1:6379/13")
+@contextmanager
+def _redis_cache() -> Iterator[Namespace]:
+    """The rate limit's counters in Redis, as production keeps them (CACHE_URL), on
+    the machine's shared Redis: under a key prefix of this test's own, whose keys
+    alone are deleted afterwards (tests/redis_helpers.py)."""
+    with redis_namespace("cache") as namespace:
+        redis_settings = {
+            "default": {
+                "BACKEND": "django.core.cache.backends.redis.RedisCache",
+                "LOCATION": REDIS_URL,
+                # Django adds ":<version>:" after it.
+                "KEY_PREFIX": namespace.prefix.rstrip(":"),
+            }
+        }
+        with override_settings(CACHES=redis_settings):
+            yield namespace
 
 
 @pytest.fixture
-def redis_cache():
-    import redis
+def redis_cache() -> Iterator[Namespace]:
+    with _redis_cache() as namespace:
+        yield namespace
 
-    server = redis.Redis.from_url(REDIS_CACHE_URL)
-    server.flushdb()
-    redis_settings = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": REDIS_CACHE_URL,
-        }
-    }
-    with override_settings(CACHES=redis_settings):
-        yield server
-    server.flushdb()
-    server.close()
+
+@pytest.mark.django_db
+def test_the_redis_cache_deletes_its_own_keys_and_leaves_everyone_elses(agent):
+    with someone_elses_key() as theirs:
+        with _redis_cache() as namespace:
+            assert Api(agent.token).get("/runs").status == 200
+            (counter,) = namespace.keys("*startsafe:rate:*")  # counted under the prefix
+            # Someone else's key in the same database, named much like the counters.
+            lookalike = f"{namespace.prefix.split(':')[0]}:other-run:1:startsafe:rate:x"
+            namespace.server.set(lookalike, 1, ex=60)
+        assert not namespace.server.exists(counter)
+        assert namespace.server.exists(theirs)
+        assert namespace.server.delete(lookalike) == 1  # it was still there
 
 
 def _command_names(packed) -> list[str]:
@@ -257,9 +275,9 @@ def test_in_redis_the_limit_holds_and_each_request_costs_one_round_trip(
     # One MULTI/EXEC a request, written whole: no EXISTS, no separate SET.
     assert redis_sent == [["MULTI", "INCRBY", "EXPIRE", "EXEC"]] * 3
     (key,) = redis_cache.keys("*startsafe:rate:*")
-    assert int(redis_cache.get(key)) == 4  # the refused request counted too
+    assert int(redis_cache.server.get(key)) == 4  # the refused request counted too
     # The counter expires a little after its window (60 s + 5): never a key for ever.
-    assert 0 < redis_cache.ttl(key) <= 65
+    assert 0 < redis_cache.server.ttl(key) <= 65
 
 
 @pytest.mark.django_db
