@@ -90,7 +90,9 @@ api = NinjaAPI(
         "answer again; another body with the same key is 422 `idempotency_key_reused`; a "
         "repeat while the first is processed is 409 `request_in_progress`. Errors are "
         '`{"error": {"code", "message", "details"}}`. Request bodies are limited to 1 MiB, '
-        "and `input`, `args`, `result` to 256 KiB each as canonical JSON (413). Each token "
+        "and `input`, `args`, `result` to 256 KiB each as canonical JSON (413); a body must "
+        "come with a `Content-Length` header (a chunked body is 411 `length_required`). "
+        "Each token "
         "may make `STARTSAFE_RATE_LIMIT` requests per window (600 a minute by default); past "
         "it, every request is 429 `rate_limited` with a `Retry-After` header (seconds) until "
         "the window ends."

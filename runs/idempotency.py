@@ -1,15 +1,20 @@
 """The ``Idempotency-Key`` header on every API ``POST`` (api.md, "Request idempotency").
 
 A middleware, so it sees every answer the API gives, validation errors included:
-1. The body is checked against the 1 MiB limit before anything parses it.
-2. The request runs in one transaction that first takes the key's advisory lock
+1. A body declared over the 1 MiB limit is ``413``, and a body without a
+   ``Content-Length`` (``Transfer-Encoding: chunked``) is ``411 length_required``:
+   Django reads only ``Content-Length`` bytes, so it would take such a body as empty.
+   Neither reads the body.
+2. The token is checked before the body is read: a client without a valid token
+   cannot hold a worker by sending a body slowly (docs/scaling.md, "The proxy").
+3. The request runs in one transaction that first takes the key's advisory lock
    (PostgreSQL, ``pg_try_advisory_xact_lock``): a concurrent duplicate cannot take
    it and answers ``409 request_in_progress`` at once. The same statement resolves
    the token and reads the key's kept answer (docs/performance.md: one round trip
-   where a committed claim row took two, and a commit).
-3. A repeat with the same key and the same request gets the first answer again;
+   where a committed claim row took two, and a commit); the body is read after it.
+4. A repeat with the same key and the same request gets the first answer again;
    another request with that key is ``422 idempotency_key_reused``.
-4. Answers below 500 are kept in the same transaction as the work: a connection
+5. Answers below 500 are kept in the same transaction as the work: a connection
    cut between the two can never leave work done without its answer (which a
    retry would do again). On PostgreSQL the rule's last write waits and goes in
    one statement with the answer (``rowsql.deferred_writes``): one round trip
@@ -49,6 +54,7 @@ from runs.ratelimit import RateLimited, check_rate_limit, rate_limited_response
 
 API_PREFIX = "/api/v1/"
 MAX_BODY = 1024 * 1024
+BODY_METHODS = ("POST", "PUT", "PATCH")
 CLAIM_LEASE = timedelta(seconds=60)
 RETENTION = timedelta(hours=24)
 
@@ -131,21 +137,24 @@ class IdempotencyMiddleware:
     def __call__(self, request):
         if not request.path.startswith(API_PREFIX):
             return self.get_response(request)
-        too_large = self._body_too_large(request)
-        if too_large is not None:
-            return too_large
+        unreadable = _unreadable_body(request)
+        if unreadable is not None:
+            return unreadable
         key = request.headers.get("Idempotency-Key")
         if request.method != "POST" or key is None:
-            return self.get_response(request)
+            return self._unkeyed(request)
         if not _valid_key(key):
             return self._invalid_key(request)
-        fingerprint = request_fingerprint(request.method, request.path, request.body)
         try:
             with transaction.atomic():
                 agent, locked, row = agent_and_key(request, key)
                 refused = self._refused(request, agent)
                 if refused is not None:
                     return refused
+                # The token is good: only now is the body read.
+                if _body_over_limit(request):
+                    return _too_large()
+                fingerprint = request_fingerprint(request.method, request.path, request.body)
                 answer = _answer_from_key(row, key, fingerprint, locked)
                 if answer is not None:
                     return answer
@@ -173,6 +182,16 @@ class IdempotencyMiddleware:
             # lock: this work was rolled back, and the first answer is the answer.
             return self._kept_answer(request, key, fingerprint)
         return response
+
+    def _unkeyed(self, request) -> HttpResponse:
+        """A request without a key: the API answers it (401 first, before it parses the
+        body); a body is read here only for a token that the API will accept."""
+        # Not for a GET: the poll resolves its token in its own statement (api_poll.py).
+        # The agent is cached on the request: the API's auth asks no second query.
+        has_body = request.method in BODY_METHODS
+        if has_body and agent_for_request(request) is not None and _body_over_limit(request):
+            return _too_large()
+        return self.get_response(request)
 
     @staticmethod
     def _kept_answer(request, key: str, fingerprint: str) -> HttpResponse:
@@ -203,22 +222,6 @@ class IdempotencyMiddleware:
             "The Idempotency-Key header must be 1 to 255 printable characters.",
             {"fields": {"Idempotency-Key": "1 to 255 printable characters"}},
         )
-
-    @staticmethod
-    def _body_too_large(request) -> HttpResponse | None:
-        try:
-            declared = int(request.META.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            declared = 0
-        if declared > MAX_BODY:
-            return _too_large()
-        if request.method in ("POST", "PUT", "PATCH"):
-            try:
-                if len(request.body) > MAX_BODY:
-                    return _too_large()
-            except RequestDataTooBig:
-                return _too_large()
-        return None
 
 
 def _answer_from_key(row, key: str, fingerprint: str, locked: bool) -> HttpResponse | None:
@@ -318,6 +321,38 @@ class _KeyTaken(Exception):  # noqa: N818 - a signal, not an error
 class _RolledBack(Exception):  # noqa: N818 - a signal, not an error
     def __init__(self, response: HttpResponse) -> None:
         self.response = response
+
+
+def _unreadable_body(request) -> HttpResponse | None:
+    """413 for a body declared over the limit, 411 for one without ``Content-Length``:
+    both from the headers alone, without reading the body."""
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > MAX_BODY:
+        return _too_large()
+    if "HTTP_TRANSFER_ENCODING" in request.META and not request.META.get("CONTENT_LENGTH"):
+        # gunicorn passes a chunked body on, but Django reads only CONTENT_LENGTH bytes:
+        # without this answer the body would be taken as empty (issue 15).
+        return error_response(
+            411,
+            "length_required",
+            "A request body must come with a Content-Length header (no chunked bodies).",
+        )
+    return None
+
+
+def _body_over_limit(request) -> bool:
+    """The body as read is over the limit (a body whose Content-Length said less
+    cannot be: Django reads no more than it said; this is for servers that pass a
+    body without one, such as an ASGI server over HTTP/2)."""
+    if request.method not in BODY_METHODS:
+        return False
+    try:
+        return len(request.body) > MAX_BODY
+    except RequestDataTooBig:
+        return True
 
 
 def _too_large() -> HttpResponse:

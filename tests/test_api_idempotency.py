@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
 from runs.idempotency import prune_idempotent_requests
@@ -114,3 +115,50 @@ def _fingerprint(body: dict) -> str:
     from runs.idempotency import request_fingerprint
 
     return request_fingerprint("POST", "/api/v1/runs", json.dumps(body).encode())
+
+
+class _UnreadBody:
+    """A request body that fails the test if anyone reads it (wsgi.input)."""
+
+    def __init__(self) -> None:
+        self.read_from = False
+
+    def read(self, *args):
+        self.read_from = True
+        raise AssertionError("the body was read")
+
+    readline = read
+
+
+def _post_unread(path: str, headers: dict) -> tuple[int, bool]:
+    """POST ``path`` with a 100-byte body that must not be read: (status, was it read)."""
+    body = _UnreadBody()
+    response = Client(raise_request_exception=False).post(
+        "/api/v1" + path,
+        data=b"{" + b" " * 98 + b"}",
+        content_type="application/json",
+        headers=headers,
+        **{"wsgi.input": body},
+    )
+    return response.status_code, body.read_from
+
+
+@pytest.mark.parametrize("token", [None, "ss_wrong"])
+@pytest.mark.parametrize("key", [None, "start-1"])
+def test_without_a_valid_token_the_answer_is_401_before_the_body_is_read(agent, token, key):
+    # A client that sends its body slowly holds a sync worker only while the body is
+    # read: a client without a token must not get that far (issue 15, item 2).
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    assert _post_unread("/runs", headers) == (401, False)
+
+
+@pytest.mark.parametrize("key", [None, "start-1"])
+def test_with_a_valid_token_the_body_is_read(agent, key):
+    # The harness above sees a read when there is one.
+    headers = {"Authorization": f"Bearer {agent.token}"}
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    _, read_from = _post_unread("/runs", headers)
+    assert read_from
