@@ -42,6 +42,9 @@ test: install-test
 	@command -v chromium >/dev/null 2>&1 || { \
 		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
 		else echo "Browser tests need Debian's chromium: sudo apt-get install -y chromium"; exit 1; fi; }
+	@command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; \
+		else echo "The proxy tests (tests/test_proxy.py) need Debian's nginx: sudo apt-get install -y nginx"; exit 1; fi; }
 	DATABASE_URL="$(TEST_DATABASE_URL)" DEBUG=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 # Its own database (BENCH_DATABASE_URL or DATABASE_URL, default startsafe_bench on
