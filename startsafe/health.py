@@ -7,6 +7,7 @@ care about (what waits, what failed) live in the rows every process shares.
 
 from __future__ import annotations
 
+import hmac
 import logging
 
 from django.conf import settings
@@ -17,6 +18,7 @@ from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from runs.api_auth import bearer_token
 from startsafe.logs import kv
 
 logger = logging.getLogger("startsafe.health")
@@ -159,6 +161,26 @@ class StartsafeCollector:
 
 
 def metrics(request):
+    """The Prometheus text, for a scraper that sends ``STARTSAFE_METRICS_TOKEN`` as a
+    bearer token; without a token set, for a development server (``DEBUG``) only."""
+    expected = settings.STARTSAFE["METRICS_TOKEN"]
+    if not expected and not settings.DEBUG:
+        return HttpResponse(
+            "/metrics is off: set STARTSAFE_METRICS_TOKEN and scrape with the header "
+            "'Authorization: Bearer <that token>' (README, \"Metrics\").\n",
+            status=403,
+            content_type="text/plain; charset=utf-8",
+        )
+    if expected and not hmac.compare_digest(
+        (bearer_token(request) or "").encode(), expected.encode()
+    ):
+        response = HttpResponse(
+            "/metrics needs 'Authorization: Bearer <STARTSAFE_METRICS_TOKEN>'.\n",
+            status=401,
+            content_type="text/plain; charset=utf-8",
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
     registry = CollectorRegistry()
     registry.register(StartsafeCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

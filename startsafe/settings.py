@@ -319,6 +319,22 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 # --- startsafe ----------------------------------------------------------------
 
+
+def _metrics_token() -> str:
+    """The bearer token a Prometheus scraper sends to ``/metrics`` (startsafe/health.py).
+
+    Unset, ``/metrics`` answers only a development server (``DEBUG``): its counts say
+    what waits for whom and what failed, which is nobody else's business. A token
+    short enough to guess is refused at the start, as a bad value should be."""
+    token = env_str("STARTSAFE_METRICS_TOKEN", "")
+    if token and (len(token) < 32 or not token.isprintable() or " " in token):
+        raise ImproperlyConfigured(
+            "STARTSAFE_METRICS_TOKEN must be 32 or more printable characters without spaces: "
+            'python -c "import secrets; print(secrets.token_urlsafe(32))"'
+        )
+    return token
+
+
 STARTSAFE = {
     # Default approval deadline when a call does not send approval_ttl (seconds).
     "APPROVAL_TTL": env_int("STARTSAFE_APPROVAL_TTL", 86_400, minimum=60, maximum=2_592_000),
@@ -359,6 +375,8 @@ STARTSAFE = {
     "RATE_LIMIT": env_rate("STARTSAFE_RATE_LIMIT", "600/minute"),
     # Seconds /healthz waits for the broker before answering 503.
     "HEALTH_BROKER_TIMEOUT": env_float("STARTSAFE_HEALTH_BROKER_TIMEOUT", 2.0, minimum=0.1),
+    # /metrics for a scraper with this bearer token; empty: only under DEBUG.
+    "METRICS_TOKEN": _metrics_token(),
 }
 
 LOGGING = {

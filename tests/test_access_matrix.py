@@ -48,8 +48,9 @@ CONSOLE = {
 }
 # Besides the console: the Django admin (both roles enter it with their own
 # permissions: an operator reads the journal there, only an admin manages agents
-# and tokens; others are sent to its sign-in page), the health check and the
-# metrics (public, for probes and scrapers).
+# and tokens; others are sent to its sign-in page), the health check (public, for
+# probes) and the metrics (a scraper's token of their own, STARTSAFE_METRICS_TOKEN,
+# which a console role is not: with none set, as here, /metrics is off).
 ADMIN_LOGIN = "/admin/login/"
 OTHERS = {
     ("GET", "admin/"): {
@@ -67,7 +68,7 @@ OTHERS = {
         "admin": 200,
     },
     ("GET", "healthz"): dict.fromkeys(CONSOLE_ROLES, 200),
-    ("GET", "metrics"): dict.fromkeys(CONSOLE_ROLES, 200),
+    ("GET", "metrics"): dict.fromkeys(CONSOLE_ROLES, 403),
     ("GET", "accounts/login/"): dict.fromkeys(CONSOLE_ROLES, 200),
 }
 
