@@ -24,50 +24,48 @@ from tests.redis_helpers import REDIS_URL, Namespace, redis_namespace, someone_e
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# What README's "Production" section tells an operator to set.
-PRODUCTION_ENV = {
-    "DEBUG": "0",
-    "SECRET_KEY": secrets.token_urlsafe(60),
-    "ALLOWED_HOSTS": "startsafe.example.com",
-    "CSRF_TRUSTED_ORIGINS": "https://startsafe.example.com",
-    "SECURE_SSL_REDIRECT": "1",
-    "SECURE_PROXY_SSL_HEADER": "1",
-    "SECURE_HSTS_SECONDS": "31536000",
-    "SECURE_HSTS_PRELOAD": "1",
-}
+
+def readme_production_env() -> dict[str, str]:
+    """The variables README's "Production" block lists, as an operator sets them: its
+    comments dropped, each ``<placeholder>`` replaced by random characters."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Production\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", section, flags=re.DOTALL)
+    assert block, "README's Production section has no ```sh block"
+    env = {}
+    for line in block.group(1).splitlines():
+        line = re.sub(r"\s+#.*$", "", line).strip()
+        if not line:
+            continue
+        name, equals, value = line.partition("=")
+        assert equals and re.fullmatch(r"[A-Z][A-Z0-9_]*", name), line
+        env[name] = secrets.token_urlsafe(60) if re.fullmatch(r"<.+>", value) else value
+    assert env["DEBUG"] == "0" and len(env["SECRET_KEY"]) >= 50, env
+    return env
 
 
-def test_check_deploy_is_clean_under_production_settings(tmp_path):
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(tmp_path),
-        "STARTSAFE_VAR_DIR": str(tmp_path / "var"),
-        **PRODUCTION_ENV,
-    }
-    done = subprocess.run(
-        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+def _manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """manage.py with ``env`` and PATH only: nothing of the test's own environment."""
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
         cwd=ROOT,
-        env=env,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_check_deploy_is_clean_with_exactly_the_readmes_production_settings():
+    done = _manage("check", "--deploy", "--fail-level", "WARNING", env=readme_production_env())
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no issues" in done.stdout
 
 
-def test_production_settings_refuse_to_start_without_a_secret_key(tmp_path):
-    env = {**PRODUCTION_ENV, "PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)}
+def test_production_settings_refuse_to_start_without_a_secret_key():
+    env = readme_production_env()
     env.pop("SECRET_KEY")
-    env["STARTSAFE_VAR_DIR"] = str(tmp_path / "var")
-    done = subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _manage("check", env=env)
     assert done.returncode != 0 and "SECRET_KEY is required" in done.stderr
 
 
