@@ -23,7 +23,7 @@ from ninja.parser import Parser
 from ninja.security import HttpBearer
 
 from runs import calls, lifecycle, outcomes
-from runs.api_auth import agent_for_request, error_response
+from runs.api_auth import agent_for_request, error_response, internal_error_response
 from runs.api_poll import poll_response
 from runs.api_render import ORJSONRenderer
 from runs.api_schemas import (
@@ -287,7 +287,7 @@ def _data_error(request, exc):
 @api.exception_handler(Exception)
 def _unexpected(request, exc):
     logger.exception("unexpected error in the API")
-    return error_response(500, "internal_error", "Something went wrong on our side.", {})
+    return internal_error_response()
 
 
 # --- Helpers ---------------------------------------------------------------------------

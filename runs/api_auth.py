@@ -80,3 +80,8 @@ def error_response(
     if status == 401:
         response["WWW-Authenticate"] = 'Bearer realm="startsafe"'
     return response
+
+
+def internal_error_response() -> JsonResponse:
+    """The 500 of the API: a bug or an outage on our side, never the client's input."""
+    return error_response(500, "internal_error", "Something went wrong on our side.")

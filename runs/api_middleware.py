@@ -16,8 +16,9 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpResponse
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
+from django.views import defaults
 
-from runs.api_auth import error_response
+from runs.api_auth import error_response, internal_error_response
 
 API_PREFIX = "/api/"
 THIS = f"{__name__}.ApiMiddleware"
@@ -68,3 +69,21 @@ def _method_not_allowed(allowed: str) -> HttpResponse:
     if allowed:
         answer["Allow"] = allowed
     return answer
+
+
+# Django's own error pages (startsafe/urls.py: handler400, handler500), for what fails
+# outside the API's handlers: a Host not in ALLOWED_HOSTS, or the database gone while
+# a middleware (the idempotency key's statement) asks it. HTML for the console; the
+# contract's body for an agent's client, which never has to parse a page.
+
+
+def bad_request(request, exception):
+    if request.path_info.startswith(API_PREFIX):
+        return error_response(400, "invalid_request", "The request is not valid.")
+    return defaults.bad_request(request, exception)
+
+
+def server_error(request):
+    if request.path_info.startswith(API_PREFIX):
+        return internal_error_response()
+    return defaults.server_error(request)

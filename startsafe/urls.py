@@ -8,6 +8,10 @@ from django.urls import include, path
 from runs.api import api
 from startsafe import health
 
+# The API's own error body where Django answers before (or instead of) the API.
+handler400 = "runs.api_middleware.bad_request"
+handler500 = "runs.api_middleware.server_error"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.db import OperationalError
+from django.test import Client
 
 from tests.api_client import Api
 
@@ -233,3 +235,26 @@ def test_a_client_key_named_like_a_schema_part_is_kept(api):
     body = {"attempt": 1, "tool": "reply", "kind": "effect", "args": {"effect": 2**60}}
     answer = api.post(f"/runs/{run_id}/calls", body)
     assert answer.body["error"]["details"]["fields"]["args"].startswith("args.effect: ")
+
+
+# --- What Django answers before or instead of the API (issue 15, item 9) -----------
+
+
+def test_a_host_not_served_is_the_contracts_400_not_a_page():
+    answer = Api(None, Client(HTTP_HOST="elsewhere.example")).get("/runs")
+    assert answer.status == 400 and answer.code == "invalid_request"
+    assert answer.headers["Content-Type"] == "application/json"
+    # The console keeps Django's page.
+    page = Client(HTTP_HOST="elsewhere.example").get("/accounts/login/")
+    assert page.status_code == 400 and page["Content-Type"].startswith("text/html")
+
+
+def test_the_database_gone_in_a_middleware_is_the_contracts_500(agent, monkeypatch):
+    def gone(*args, **kwargs):
+        raise OperationalError("the database went away")
+
+    monkeypatch.setattr("runs.idempotency.agent_and_key", gone)
+    api = Api(agent.token, Client(raise_request_exception=False))
+    answer = api.post("/runs", {"run_key": "t"}, headers={"Idempotency-Key": "k"})
+    assert answer.status == 500 and answer.code == "internal_error"
+    assert answer.headers["Content-Type"] == "application/json"
