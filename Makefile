@@ -10,6 +10,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL := $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/startsafe)
+# make run's web server port (PORT=8001 make run, or make run PORT=8001).
+PORT ?= 8000
 
 .PHONY: run test lint format install install-test clean bench
 
@@ -32,10 +34,14 @@ $(VENV)/.installed-bench: pyproject.toml | $(VENV)/bin/python
 install: $(VENV)/.installed-run
 install-test: $(VENV)/.installed-test
 
+# var/dev.env (written once, then kept) holds DEBUG=1 and this clone's SECRET_KEY;
+# settings read it when it is there, so manage.py in another terminal works as these
+# processes do (startsafe/devenv.py). The environment wins over it.
 run: install
-	DEBUG=$${DEBUG:-1} $(PY) manage.py migrate --noinput
-	DEBUG=$${DEBUG:-1} $(PY) manage.py seed_demo
-	DEBUG=$${DEBUG:-1} PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f Procfile.dev start
+	$(PY) -m startsafe.devenv
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py seed_demo
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f Procfile.dev start --port $(PORT)
 
 test: install-test
 	@$(PY) -m startsafe.checkdb "$(TEST_DATABASE_URL)"

@@ -13,10 +13,17 @@ import dj_database_url
 import jinja2
 from django.core.exceptions import ImproperlyConfigured
 
+from startsafe import devenv
 from startsafe.env import env_bool, env_float, env_int, env_list, env_rate, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("STARTSAFE_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR = devenv.var_dir()
+# var/dev.env, which `make run` writes (DEBUG=1 and a SECRET_KEY of this clone's own),
+# fills in the variables the environment does not set, so that manage.py in another
+# terminal works as make run's processes do; the environment always wins. None when
+# there is no such file, as in a deployment (check --deploy warns when there is one:
+# startsafe/checks.py).
+DEV_ENV_FILE = devenv.load(VAR_DIR)
 
 DEBUG = env_bool("DEBUG", False)
 
