@@ -293,12 +293,17 @@ if CELERY_BROKER_URL == "filesystem://":
     # Kombu's filesystem transport: a folder of message files, no server at all.
     _queue_dir = VAR_DIR / "celery" / "queue"
     _processed_dir = VAR_DIR / "celery" / "processed"
-    for _folder in (_queue_dir, _processed_dir):
+    # The exchange tables of fanout exchanges (the worker's remote control, pidbox);
+    # kombu's default is "control" in the current folder, which left an untracked
+    # control/ at the top of a clone. Kombu creates it without its parents.
+    _control_dir = VAR_DIR / "celery" / "control"
+    for _folder in (_queue_dir, _processed_dir, _control_dir):
         _folder.mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir),
         "data_folder_out": str(_queue_dir),
         "processed_folder": str(_processed_dir),
+        "control_folder": str(_control_dir),
         "store_processed": False,
     }
 # A prefix on every key and channel the broker uses in Redis (kombu's
