@@ -238,23 +238,24 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="take over a running attempt even if its heartbeat is fresh (you know it died); "
         "without it, only an attempt silent for longer than its heartbeat timeout is taken over",
     )
-    options = parser.parse_args(argv)
-    if not options.token:
-        parser.error("--token (or STARTSAFE_TOKEN) is required")
-    return options
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     options = parse(argv)
-    client = Client(
-        options.base_url,
-        options.token,
-        approval_timeout=options.approval_timeout,
-        poll_interval=options.poll_interval,
-        poll_max_interval=max(options.poll_interval, 5.0),
-        on_wait=say_waiting,
-        transport=KillAt(*options.kill_at) if options.kill_at else None,
-    )
+    try:
+        client = Client(
+            options.base_url,
+            options.token or "",
+            approval_timeout=options.approval_timeout,
+            poll_interval=options.poll_interval,
+            poll_max_interval=max(options.poll_interval, 5.0),
+            on_wait=say_waiting,
+            transport=KillAt(*options.kill_at) if options.kill_at else None,
+        )
+    except ValueError as refused:  # the token (--token, or STARTSAFE_TOKEN) is empty
+        print(f"support_agent.py: {refused}", file=sys.stderr)
+        return 2
     tools = declare_tools(client, options.ledger, Crasher(options.crash_after))
     ticket = ticket_for(options.ticket)
     try:

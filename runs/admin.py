@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.db import models
-from django.utils import timezone
 
 from runs.models import Agent, Attempt, AuditEvent, Call, Effect, EffectVersion, Run
 
@@ -50,9 +49,7 @@ class AgentAdmin(admin.ModelAdmin):
     )
     def rotate_tokens(self, request, queryset):
         for agent in queryset:
-            token = agent.set_new_token()
-            agent.token_rotated_at = timezone.now()
-            agent.save()
+            token = agent.rotate_token()
             messages.warning(
                 request, f"New token of {agent.name}: {token} — copy it now, it is not shown again."
             )

@@ -17,6 +17,7 @@ import uuid6
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 TOKEN_PREFIX = "ss_"
 
@@ -61,9 +62,19 @@ class Agent(models.Model):
 
     def set_new_token(self) -> str:
         """Give the agent a new token and return it; only its hash is kept."""
-        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        return self.set_token(TOKEN_PREFIX + secrets.token_urlsafe(32))
+
+    def set_token(self, token: str) -> str:
+        """Make ``token`` the agent's (only its hash and first characters are kept)."""
         self.token_hash = hash_token(token)
         self.token_hint = token[:8]
+        return token
+
+    def rotate_token(self) -> str:
+        """A new token, saved now: the old one stops working at its next request."""
+        token = self.set_new_token()
+        self.token_rotated_at = timezone.now()
+        self.save(update_fields=["token_hash", "token_hint", "token_rotated_at"])
         return token
 
     def token_matches(self, token: str) -> bool:

@@ -5,7 +5,11 @@ each action of the contract leads to the right requests and the right exception.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
 import pytest
@@ -475,3 +479,39 @@ def test_a_superseded_heartbeat_stops_the_block_at_the_next_call_without_finishi
     assert ran == []
     assert peer.bodies("POST", "/runs/run-1/calls") == []
     assert peer.bodies("POST", "/runs/run-1/finish") == []
+
+
+@pytest.mark.parametrize("token", ["", "   ", None])
+def test_an_empty_token_is_refused_with_what_to_do(token):
+    """``STARTSAFE_TOKEN=$(manage.py create_agent ...)`` is empty when that command
+    failed: the client says so instead of sending ``Bearer`` with nothing."""
+    with pytest.raises(ValueError, match="create_agent") as refused:
+        ss.Client("http://127.0.0.1:8000", token)
+
+    assert "empty" in str(refused.value)
+
+
+def test_a_token_with_spaces_or_lines_is_refused():
+    """The whole output of create_agent pasted in, not only the token on its last line."""
+    with pytest.raises(ValueError, match="only the token"):
+        ss.Client("http://127.0.0.1:8000", "Created agent x. Its token:\nss_abc")
+
+
+@pytest.mark.parametrize("argv", [["--token", ""], []])
+def test_the_example_refuses_an_empty_token_and_says_what_to_do(argv):
+    """What the README's second terminal meets when create_agent failed."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "STARTSAFE_TOKEN": ""}
+
+    done = subprocess.run(
+        [sys.executable, str(root / "examples" / "support_agent.py"), *argv],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert "the token is empty" in done.stderr and "create_agent" in done.stderr

@@ -208,8 +208,19 @@ class Client:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not token:
-            raise ValueError("a token is required")
+        if not token or not token.strip():
+            # What `STARTSAFE_TOKEN=$(manage.py create_agent NAME)` leaves when that failed.
+            raise ValueError(
+                "the token is empty: pass the agent's token, which `python manage.py "
+                "create_agent NAME` prints on the server (an empty STARTSAFE_TOKEN usually "
+                "means that command failed: see its error)"
+            )
+        if len(token.split()) != 1:
+            raise ValueError(
+                "the token has spaces or line breaks: pass only the token, the last line "
+                "that `python manage.py create_agent NAME` prints"
+            )
+        token = token.strip()
         base = base_url.rstrip("/")
         if base.endswith(API_PREFIX):
             base = base[: -len(API_PREFIX)]
