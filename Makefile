@@ -40,7 +40,7 @@ install-test: $(VENV)/.installed-test
 run: install
 	$(PY) -m startsafe.devenv
 	$(PY) manage.py migrate --noinput
-	$(PY) manage.py seed_demo
+	$(PY) manage.py seed_demo --base-url http://127.0.0.1:$(PORT)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f Procfile.dev start --port $(PORT)
 
 test: install-test

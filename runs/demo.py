@@ -8,18 +8,33 @@ interruption can be applied to exactly the runs that need it.
 
 from __future__ import annotations
 
+import base64
 from datetime import timedelta
 
 from django.contrib.auth.models import Group, User
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from approvals.decisions import approve_effect, reject_effect
 from runs.calls import record_call
 from runs.lifecycle import finish_run, start_run
-from runs.models import Agent, Run
+from runs.models import TOKEN_PREFIX, Agent, Run
 from runs.outcomes import complete_effect
 
+DEMO_AGENT = "demo-agent"
 DEMO_REVIEWER = "demo-reviewer"
+
+
+def demo_token() -> str:
+    """The demo agent's token, the same every time ``make run`` seeds.
+
+    A random one per seeding made the token printed by the last ``make run`` answer
+    401 after a restart. Derived from SECRET_KEY (an HMAC, with a salt of its own), it
+    stays the same while the key does (var/dev.env keeps make run's key), each clone
+    has its own, and it is as secret as the key. Same shape as a random token.
+    """
+    digest = salted_hmac("startsafe.demo.agent-token", DEMO_AGENT, algorithm="sha256").digest()
+    return TOKEN_PREFIX + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def _reviewer() -> User:
@@ -53,8 +68,8 @@ def seed_demo_runs(agent: Agent) -> str:
     # 1. A campaign awaiting one approval.
     started = start_run(
         agent,
-        "ticket-4812",
-        title="Answer ticket 4812 and send the winter campaign",
+        "ticket-5310",
+        title="Answer ticket 5310 and send the spring campaign",
         heartbeat_timeout=86400,
         now=at(150),
     )
@@ -65,9 +80,11 @@ def seed_demo_runs(agent: Agent) -> str:
     )  # fmt: skip
     record_call(
         agent, run, attempt=1, tool="send_campaign", kind="effect",
-        args={"campaign_id": "2026-winter-eu", "subject": "Winter sale", "segment": "EU"},
-        key="campaign:2026-winter-eu", key_source="intent", needs_approval=True, approval_ttl=86400,
-        preview="Send 'Winter sale' to 12,408 recipients of segment EU", now=at(151),
+        args={"campaign_id": "2026-spring-nordics", "subject": "Spring sale",
+              "segment": "Nordics"},
+        key="campaign:2026-spring-nordics", key_source="intent", needs_approval=True,
+        approval_ttl=86400, preview="Send 'Spring sale' to 12,408 recipients of segment Nordics",
+        now=at(151),
     )  # fmt: skip
 
     # 2. A campaign that needs two approvers, one of whom already approved.
@@ -190,7 +207,7 @@ def seed_demo_runs(agent: Agent) -> str:
     finish_run(agent, started.run.pk, attempt=1, outcome="completed", now=at(8))
 
     return (
-        "ticket-4812 (campaign awaiting approval), newsletter-2026-02 (1 of 2 approvals), "
+        "ticket-5310 (campaign awaiting approval), newsletter-2026-02 (1 of 2 approvals), "
         "refund-9120 (interrupted, unknown effect), import-7731 (restarted twice), "
         "ticket-4901 (rejected, revised), ticket-4700 (completed)"
     )
