@@ -123,6 +123,53 @@ def test_the_broker_keeps_its_control_folder_under_var(tmp_path):
     assert any((tmp_path / "var" / "celery" / "control").iterdir())
 
 
+class MakeRun:
+    """``make run`` in the background, as terminal 1: its own process group, stopped
+    by its PID; its output in a log file."""
+
+    def __init__(self, clone: Path, env: dict[str, str], log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        with log.open("w") as out:
+            self.process = subprocess.Popen(
+                ["make", "run", f"PORT={self.port}"],
+                cwd=clone,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def wait_until_serving(self) -> None:
+        def serving() -> bool:
+            if self.process.poll() is not None:
+                raise AssertionError(f"make run exited:\n{self.output()[-4000:]}")
+            try:
+                return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(serving, 600, f"make run serving {self.url}/healthz", every=0.5)
+        wait_for(lambda: " ready." in self.output(), 120, "make run's Celery worker")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def demo_token(self) -> str:
+        printed = self.output().splitlines()
+        heading = next(i for i, line in enumerate(printed) if "Token of the agent" in line)
+        return printed[heading + 1].strip()
+
+    def answers(self, token: str) -> int:
+        auth = {"Authorization": f"Bearer {token}"}
+        return httpx.get(f"{self.url}/api/v1/effects", headers=auth, timeout=10).status_code
+
+    def stop(self) -> None:
+        stop_process(self.process, grace=20)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_newcomer_follows_the_readme_in_a_fresh_clone(tmp_path):
@@ -131,34 +178,12 @@ def test_a_newcomer_follows_the_readme_in_a_fresh_clone(tmp_path):
     began = time.monotonic()
     clone = tmp_path / "startsafe"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True, timeout=120)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     env = newcomer_env()
-    log = tmp_path / "make-run.log"
 
-    # Terminal 1: make run, in the background (its own process group).
-    with log.open("w") as out:
-        make_run = subprocess.Popen(
-            ["make", "run", f"PORT={port}"],
-            cwd=clone,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    # Terminal 1.
+    server = MakeRun(clone, env, tmp_path / "make-run-1.log")
     try:
-
-        def serving() -> bool:
-            if make_run.poll() is not None:
-                raise AssertionError(f"make run exited:\n{log.read_text()[-4000:]}")
-            try:
-                return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(serving, 600, f"make run serving {url}/healthz", every=0.5)
-        wait_for(lambda: " ready." in log.read_text(), 120, "make run's Celery worker")
+        server.wait_until_serving()
         installed = time.monotonic() - began
 
         # Terminal 2: each agent-section block as the clone's README writes it.
@@ -174,13 +199,9 @@ def test_a_newcomer_follows_the_readme_in_a_fresh_clone(tmp_path):
             done = bash(clone, script, env)
             assert done.returncode == 0, f"{heading}:\n{done.stdout}\n{done.stderr}"
             token = token_file.read_text()
-            assert re.fullmatch(r"ss_[A-Za-z0-9_-]{40,}", token), (heading, token)
+            assert re.fullmatch(r"ss_[A-Za-z0-9_-]{40,}", token), (heading, token, done.stderr)
             tokens.append(token)
-        for token in tokens:
-            answer = httpx.get(
-                f"{url}/api/v1/effects", headers={"Authorization": f"Bearer {token}"}
-            )
-            assert answer.status_code == 200, answer.text
+        assert [server.answers(token) for token in tokens] == [200, 200]
 
         # The same commands again: create_agent fails (the agent exists), and the shell
         # stops there, loudly, saying what to do; nothing goes on with an empty token.
@@ -191,18 +212,27 @@ def test_a_newcomer_follows_the_readme_in_a_fresh_clone(tmp_path):
         assert "exists already" in again.stderr and "--new-token" in again.stderr
         assert not token_file.exists()
 
-        # The demo agent's token: make run printed it; seeding again (every make run
-        # does) prints the same, and it answers.
-        printed = log.read_text().splitlines()
-        heading = next(i for i, line in enumerate(printed) if "Token of the agent" in line)
-        demo = printed[heading + 1].strip()
+        # The demo agent's token: seeding again prints the one make run printed.
+        demo = server.demo_token()
         reseeded = bash(clone, ".venv/bin/python manage.py seed_demo", env)
         assert reseeded.returncode == 0, reseeded.stderr
         assert reseeded.stdout.strip().splitlines()[-1] == demo
-        answer = httpx.get(f"{url}/api/v1/effects", headers={"Authorization": f"Bearer {demo}"})
-        assert answer.status_code == 200, answer.text
+        assert server.answers(demo) == 200
     finally:
-        stop_process(make_run, grace=20)
+        server.stop()
+
+    # Later the same folder gets docker compose's .env (from .env.example: DEBUG=0,
+    # the hosts db and redis), and make run starts again: its processes still run on
+    # the development settings (honcho does not read that .env), and the demo token
+    # printed the first time still answers, as do the agents' tokens.
+    shutil.copy(clone / ".env.example", clone / ".env")
+    restarted = MakeRun(clone, env, tmp_path / "make-run-2.log")
+    try:
+        restarted.wait_until_serving()
+        assert restarted.demo_token() == demo
+        assert [restarted.answers(token) for token in [demo, *tokens]] == [200, 200, 200]
+    finally:
+        restarted.stop()
 
     # Everything make run and the commands made is under var/ (and .venv/): no
     # control/ folder or any other untracked file at the top of the clone.
