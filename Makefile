@@ -36,12 +36,16 @@ install-test: $(VENV)/.installed-test
 
 # var/dev.env (written once, then kept) holds DEBUG=1 and this clone's SECRET_KEY;
 # settings read it when it is there, so manage.py in another terminal works as these
-# processes do (startsafe/devenv.py). The environment wins over it.
+# processes do (startsafe/devenv.py). The environment wins over it. Honcho reads no
+# env file (--env /dev/null): by default it would load a .env here (docker compose's,
+# made from .env.example: DEBUG=0, the hosts db and redis) over the environment, for
+# the web server and the worker only.
 run: install
 	$(PY) -m startsafe.devenv
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo --base-url http://127.0.0.1:$(PORT)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f Procfile.dev start --port $(PORT)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho -f Procfile.dev --env /dev/null \
+		start --port $(PORT)
 
 test: install-test
 	@$(PY) -m startsafe.checkdb "$(TEST_DATABASE_URL)"
