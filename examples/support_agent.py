@@ -1,7 +1,7 @@
 """An agent that answers a support ticket, and survives being killed half-way.
 
     python examples/support_agent.py --base-url http://127.0.0.1:8000 \\
-        --token $STARTSAFE_TOKEN --ticket ticket-4812 --ledger var/ledger.jsonl \\
+        --token "$STARTSAFE_TOKEN" --ticket ticket-4812 --ledger var/ledger.jsonl \\
         [--crash-after N] [--kill-at POINT[:TOOL]] [--think SECONDS] [--seed S] \\
         [--approval-timeout SECONDS] [--supersede]
 

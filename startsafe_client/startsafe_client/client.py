@@ -217,8 +217,8 @@ class Client:
             )
         if len(token.split()) != 1:
             raise ValueError(
-                "the token has spaces or line breaks: pass only the token, the last line "
-                "that `python manage.py create_agent NAME` prints"
+                "the token has spaces or line breaks: pass only the token, which "
+                "`python manage.py create_agent NAME` prints alone on standard output"
             )
         token = token.strip()
         base = base_url.rstrip("/")
