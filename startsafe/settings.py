@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "ninja",  # its own templates serve the API docs from local static files, no CDN
     "django_htmx",
     "template_partials",
+    "axes",  # sign-in throttling (startsafe/login_throttle.py)
     "runs",
     "approvals",
 ]
@@ -67,6 +68,9 @@ MIDDLEWARE = [
     # The console's Content-Security-Policy header.
     "startsafe.security.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Turns a refused sign-in into the lockout page (startsafe/login_throttle.py);
+    # inside the security headers' middleware, so that page carries them too.
+    "axes.middleware.AxesMiddleware",
     # The console's statements are planned with their values, never prepared
     # (startsafe/postgresql/plans.py).
     "startsafe.postgresql.plans.ConsoleQueriesMiddleware",
@@ -83,6 +87,7 @@ CONSOLE_ONLY_MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",
     "startsafe.postgresql.plans.ConsoleQueriesMiddleware",
 ]
 
@@ -195,6 +200,13 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
+# Axes' backend first: it refuses a locked-out username or address before the
+# password is even checked, for every form that calls authenticate() (the console's
+# sign-in and the admin's).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -385,11 +397,44 @@ STARTSAFE = {
     "PUBLIC_URL": env_str("STARTSAFE_PUBLIC_URL", ""),
     # Requests per token and window on the agent API ("600/minute"; 0 or empty: off).
     "RATE_LIMIT": env_rate("STARTSAFE_RATE_LIMIT", "600/minute"),
+    # Sign-in throttling: failed sign-ins are counted per username and, apart, per
+    # client address; LOGIN_FAILURE_LIMIT of either locks it for LOGIN_COOLOFF
+    # seconds. Past the limit every further failure locks it again at once, for twice
+    # as long after each further LIMIT failures, up to LOGIN_COOLOFF_MAX: slowed, then
+    # refused for a while. Failures are forgotten LOGIN_COOLOFF_MAX seconds after the
+    # last one, or when that account signs in.
+    "LOGIN_FAILURE_LIMIT": env_int("STARTSAFE_LOGIN_FAILURE_LIMIT", 5, minimum=1),
+    "LOGIN_COOLOFF": env_int("STARTSAFE_LOGIN_COOLOFF", 300, minimum=1),
+    "LOGIN_COOLOFF_MAX": env_int("STARTSAFE_LOGIN_COOLOFF_MAX", 86_400, minimum=1),
     # Seconds /healthz waits for the broker before answering 503.
     "HEALTH_BROKER_TIMEOUT": env_float("STARTSAFE_HEALTH_BROKER_TIMEOUT", 2.0, minimum=0.1),
     # /metrics for a scraper with this bearer token; empty: only under DEBUG.
     "METRICS_TOKEN": _metrics_token(),
 }
+
+# --- Sign-in throttling (django-axes; startsafe/login_throttle.py) ---------------
+
+if STARTSAFE["LOGIN_COOLOFF_MAX"] < STARTSAFE["LOGIN_COOLOFF"]:
+    raise ImproperlyConfigured(
+        f"STARTSAFE_LOGIN_COOLOFF_MAX={STARTSAFE['LOGIN_COOLOFF_MAX']} is below "
+        f"STARTSAFE_LOGIN_COOLOFF={STARTSAFE['LOGIN_COOLOFF']}."
+    )
+
+AXES_FAILURE_LIMIT = STARTSAFE["LOGIN_FAILURE_LIMIT"]
+# Either parameter alone locks: a username (from any address), or an address (for
+# any username).
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+# The lock's length grows with the failures (startsafe/login_throttle.py).
+AXES_COOLOFF_TIME = "startsafe.login_throttle.cool_off"
+AXES_HANDLER = "startsafe.login_throttle.ThrottleHandler"
+AXES_LOCKOUT_CALLABLE = "startsafe.login_throttle.lockout_response"
+# A sign-in clears that account's own failures (ThrottleHandler says which).
+AXES_RESET_ON_SUCCESS = True
+# No row per successful sign-in: nothing would ever prune them.
+AXES_DISABLE_ACCESS_LOG = True
+# The client's address is REMOTE_ADDR: axes must not read X-Forwarded-For, which
+# any client can write (with django-ipware installed, it would, by ipware's rules).
+AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
 
 LOGGING = {
     "version": 1,

@@ -1,0 +1,236 @@
+"""Sign-in throttling (startsafe/login_throttle.py on django-axes).
+
+Every sign-in goes through the real forms (the console's and the admin's), with
+Django's test client, axes' real backend and the real database; the clock moves
+with time_machine. The settings' defaults: 5 failures, a first lock of 300 s.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import time_machine
+from axes.models import AccessAttempt
+from django.core.management import call_command
+from django.test import Client
+
+pytestmark = pytest.mark.django_db
+
+LOGIN = "/accounts/login/"
+ADMIN_LOGIN = "/admin/login/?next=/admin/"
+LIMIT = 5
+COOLOFF = 300
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+LOCKED = "Too many failed sign-ins for this username or from this address."
+
+
+def sign_in(username, password, address="198.51.100.1", path=LOGIN):
+    """One sign-in from ``address``, as a browser with no session yet would post it."""
+    client = Client(REMOTE_ADDR=address)
+    response = client.post(path, {"username": username, "password": password})
+    response.signed_in = "_auth_user_id" in client.session
+    return response
+
+
+def assert_locked(response, wait: str, seconds: int):
+    assert response.status_code == 429
+    html = response.content.decode()
+    assert LOCKED in html
+    assert f"Try again in {wait}." in html
+    assert response["Retry-After"] == str(seconds)
+    assert not response.signed_in
+
+
+def assert_refused_but_not_locked(response):
+    assert response.status_code == 200  # the form again, with its error
+    assert "didn't match" in response.content.decode()
+    assert not response.signed_in
+
+
+def fail(username, times, address="198.51.100.1", path=LOGIN):
+    return [sign_in(username, "wrong", address, path) for _ in range(times)]
+
+
+def test_failures_for_one_username_from_many_addresses_lock_that_username(
+    operator, second_operator
+):
+    for number in range(LIMIT - 1):
+        assert_refused_but_not_locked(sign_in("olivia", "wrong", f"198.51.100.{number}"))
+
+    assert_locked(sign_in("olivia", "wrong", "198.51.100.9"), "5\xa0minutes", COOLOFF)
+
+    # The username is locked from an address it never failed from...
+    assert_locked(sign_in("olivia", "pw-olivia", "203.0.113.50"), "5\xa0minutes", COOLOFF)
+    # ...and only the username: another account signs in from the same addresses.
+    assert sign_in("oscar", "pw-oscar", "198.51.100.1").signed_in
+
+
+def test_failures_from_one_address_for_many_usernames_lock_that_address(operator):
+    for name in ["ana", "bo", "cy", "di"]:
+        assert_refused_but_not_locked(sign_in(name, "wrong", "198.51.100.7"))
+
+    assert_locked(sign_in("ed", "wrong", "198.51.100.7"), "5\xa0minutes", COOLOFF)
+
+    # The address is locked for an account that never failed...
+    assert_locked(sign_in("olivia", "pw-olivia", "198.51.100.7"), "5\xa0minutes", COOLOFF)
+    # ...and only the address: that account signs in from elsewhere.
+    assert sign_in("olivia", "pw-olivia", "198.51.100.8").signed_in
+
+
+def test_a_locked_user_with_the_right_password_is_refused_and_told_how_long_to_wait(operator):
+    fail("olivia", LIMIT)
+
+    response = sign_in("olivia", "pw-olivia")
+
+    assert_locked(response, "5\xa0minutes", COOLOFF)
+    # Not signed in: the console still sends this browser to the sign-in page.
+    client = Client(REMOTE_ADDR="198.51.100.1")
+    client.post(LOGIN, {"username": "olivia", "password": "pw-olivia"})
+    assert client.get("/").status_code == 302
+
+
+def test_after_the_cool_off_the_right_password_signs_in(operator):
+    with time_machine.travel(T0, tick=False) as clock:
+        fail("olivia", LIMIT)
+
+        clock.shift(COOLOFF + 1)
+        assert sign_in("olivia", "pw-olivia").signed_in
+
+    # The sign-in cleared the account's failures.
+    assert not AccessAttempt.objects.filter(username="olivia").exists()
+
+
+def test_each_try_while_locked_starts_the_wait_again(operator):
+    with time_machine.travel(T0, tick=False) as clock:
+        fail("olivia", LIMIT)
+
+        clock.shift(COOLOFF - 1)
+        assert_locked(sign_in("olivia", "pw-olivia"), "5\xa0minutes", COOLOFF)
+        clock.shift(2)  # past the first lock, not past the one that try started
+        assert_locked(sign_in("olivia", "pw-olivia"), "5\xa0minutes", COOLOFF)
+
+        clock.shift(COOLOFF + 1)
+        assert sign_in("olivia", "pw-olivia").signed_in
+
+
+def test_past_the_limit_each_failure_locks_again_and_the_lock_doubles(operator):
+    """Slowed, then refused for a while: one try per lock, and longer locks."""
+    with time_machine.travel(T0, tick=False) as clock:
+        assert_locked(fail("olivia", LIMIT)[-1], "5\xa0minutes", COOLOFF)
+
+        for _ in range(LIMIT - 1):  # failures 6 to 9: one try each time, then locked again
+            clock.shift(COOLOFF + 1)
+            assert_locked(sign_in("olivia", "wrong"), "5\xa0minutes", COOLOFF)
+
+        clock.shift(COOLOFF + 1)  # failure 10: twice the limit, twice the lock
+        assert_locked(sign_in("olivia", "wrong"), "10\xa0minutes", 2 * COOLOFF)
+
+        clock.shift(COOLOFF + 1)  # the first lock's length is not enough now
+        assert_locked(sign_in("olivia", "pw-olivia"), "10\xa0minutes", 2 * COOLOFF)
+        clock.shift(2 * COOLOFF + 1)
+        assert sign_in("olivia", "pw-olivia").signed_in
+
+
+def test_the_lock_grows_to_the_longest_and_no_further(operator):
+    with time_machine.travel(T0, tick=False) as clock:
+        fail("olivia", 10 * LIMIT)  # tries while locked count too
+
+        assert_locked(sign_in("olivia", "wrong"), "1\xa0day", 86_400)
+        clock.shift(86_400 + 1)
+        assert sign_in("olivia", "pw-olivia").signed_in
+
+
+def test_failures_are_remembered_for_a_day_after_the_last_one(operator):
+    with time_machine.travel(T0, tick=False) as clock:
+        fail("olivia", LIMIT - 1)
+
+        clock.shift(86_400 - 60)  # a fifth failure the next morning still counts
+        assert_locked(sign_in("olivia", "wrong"), "5\xa0minutes", COOLOFF)
+
+        clock.shift(86_400 + 1)  # a day after the last one, they are forgotten
+        for response in fail("olivia", LIMIT - 1):
+            assert_refused_but_not_locked(response)
+
+
+def test_a_success_clears_the_accounts_failures(operator):
+    fail("olivia", LIMIT - 1)
+    assert sign_in("olivia", "pw-olivia").signed_in
+
+    for response in fail("olivia", LIMIT - 1):
+        assert_refused_but_not_locked(response)
+
+
+def test_signing_in_to_ones_own_account_does_not_clear_the_addresss_failures(
+    operator, second_operator
+):
+    """Else anyone with an account could guess at others' without end, signing in to
+    their own between guesses (axes' default reset clears the whole address)."""
+    fail("olivia", LIMIT - 1, address="198.51.100.66")
+    assert sign_in("oscar", "pw-oscar", "198.51.100.66").signed_in
+
+    assert_locked(sign_in("olivia", "wrong", "198.51.100.66"), "5\xa0minutes", COOLOFF)
+
+
+def test_a_lock_from_a_short_cool_off_survives_another_clients_clean_up(operator, second_operator):
+    """Axes cleans up with the cool-off of whichever request cleans: a first-lock one
+    must not end a longer lock."""
+    with time_machine.travel(T0, tick=False) as clock:
+        fail("olivia", 2 * LIMIT)  # a 10-minute lock
+
+        clock.shift(COOLOFF + 1)
+        assert sign_in("oscar", "pw-oscar", "203.0.113.9").signed_in  # cleans up
+
+        assert_locked(sign_in("olivia", "pw-olivia"), "10\xa0minutes", 2 * COOLOFF)
+
+
+def test_the_admin_sign_in_is_throttled_too(admin_user):
+    for response in fail("ada", LIMIT - 1, path=ADMIN_LOGIN):
+        assert response.status_code == 200  # the admin's form again
+
+    assert_locked(sign_in("ada", "wrong", path=ADMIN_LOGIN), "5\xa0minutes", COOLOFF)
+
+    assert_locked(sign_in("ada", "pw-ada", path=ADMIN_LOGIN), "5\xa0minutes", COOLOFF)
+    # One count for both forms: the console's is locked for that username too.
+    assert_locked(sign_in("ada", "pw-ada"), "5\xa0minutes", COOLOFF)
+
+
+def test_the_lockout_page_links_back_to_the_form_it_came_from(admin_user):
+    response = fail("ada", LIMIT, path=ADMIN_LOGIN)[-1]
+
+    assert 'href="/admin/login/"' in response.content.decode()
+    assert response["Content-Security-Policy"]  # the console's headers, as any page
+
+
+def test_an_admin_lifts_a_lock_with_axes_reset_username(operator):
+    fail("olivia", 3 * LIMIT)
+
+    call_command("axes_reset_username", "olivia")
+
+    assert sign_in("olivia", "pw-olivia").signed_in
+
+
+def test_a_longest_lock_shorter_than_the_first_stops_the_start(tmp_path):
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(tmp_path),
+        "DEBUG": "1",
+        "STARTSAFE_VAR_DIR": str(tmp_path / "var"),
+        "STARTSAFE_LOGIN_COOLOFF": "600",
+        "STARTSAFE_LOGIN_COOLOFF_MAX": "60",
+    }
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert done.returncode != 0
+    assert "STARTSAFE_LOGIN_COOLOFF_MAX=60 is below STARTSAFE_LOGIN_COOLOFF=600" in done.stderr
