@@ -406,6 +406,10 @@ STARTSAFE = {
     "LOGIN_FAILURE_LIMIT": env_int("STARTSAFE_LOGIN_FAILURE_LIMIT", 5, minimum=1),
     "LOGIN_COOLOFF": env_int("STARTSAFE_LOGIN_COOLOFF", 300, minimum=1),
     "LOGIN_COOLOFF_MAX": env_int("STARTSAFE_LOGIN_COOLOFF_MAX", 86_400, minimum=1),
+    # Reverse proxies in front of the web server that append the client's address to
+    # X-Forwarded-For (nginx: 1). 0: the client is the TCP peer (REMOTE_ADDR), and
+    # the header, which any client can write, is ignored (startsafe/proxies.py).
+    "TRUSTED_PROXIES": env_int("STARTSAFE_TRUSTED_PROXIES", 0, minimum=0, maximum=10),
     # Seconds /healthz waits for the broker before answering 503.
     "HEALTH_BROKER_TIMEOUT": env_float("STARTSAFE_HEALTH_BROKER_TIMEOUT", 2.0, minimum=0.1),
     # /metrics for a scraper with this bearer token; empty: only under DEBUG.
@@ -432,8 +436,9 @@ AXES_LOCKOUT_CALLABLE = "startsafe.login_throttle.lockout_response"
 AXES_RESET_ON_SUCCESS = True
 # No row per successful sign-in: nothing would ever prune them.
 AXES_DISABLE_ACCESS_LOG = True
-# The client's address is REMOTE_ADDR: axes must not read X-Forwarded-For, which
-# any client can write (with django-ipware installed, it would, by ipware's rules).
+# The client's address is REMOTE_ADDR, which startsafe/proxies.py takes from
+# X-Forwarded-For only behind STARTSAFE_TRUSTED_PROXIES proxies: axes must not read
+# the header itself (with django-ipware installed, it would, by ipware's rules).
 AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
 
 LOGGING = {

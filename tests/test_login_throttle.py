@@ -8,6 +8,7 @@ with time_machine. The settings' defaults: 5 failures, a first lock of 300 s.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -16,8 +17,12 @@ from pathlib import Path
 import pytest
 import time_machine
 from axes.models import AccessAttempt
+from django.core.handlers.wsgi import WSGIHandler
 from django.core.management import call_command
 from django.test import Client
+from werkzeug.test import Client as WsgiClient
+
+from startsafe.proxies import behind_trusted_proxies
 
 pytestmark = pytest.mark.django_db
 
@@ -234,3 +239,62 @@ def test_a_longest_lock_shorter_than_the_first_stops_the_start(tmp_path):
 
     assert done.returncode != 0
     assert "STARTSAFE_LOGIN_COOLOFF_MAX=60 is below STARTSAFE_LOGIN_COOLOFF=600" in done.stderr
+
+
+# --- The client's address behind reverse proxies ------------------------------------
+
+
+def _wsgi_sign_in(app, peer, username, password, forwarded_for):
+    """Post the sign-in form through the WSGI app, as gunicorn would call it when
+    ``peer`` (the proxy, or the client itself) connects."""
+    browser = WsgiClient(app)
+    environ = {"REMOTE_ADDR": peer}
+    page = browser.get(LOGIN, environ_base=environ).get_data(as_text=True)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    return browser.post(
+        LOGIN,
+        data={"username": username, "password": password, "csrfmiddlewaretoken": token},
+        headers={"X-Forwarded-For": forwarded_for},
+        environ_base=environ,
+    )
+
+
+@pytest.fixture
+def wsgi_app(settings):
+    """The app as startsafe/wsgi.py builds it, for STARTSAFE_TRUSTED_PROXIES = trusted."""
+
+    def build(trusted):
+        settings.STARTSAFE = {**settings.STARTSAFE, "TRUSTED_PROXIES": trusted}
+        return behind_trusted_proxies(WSGIHandler())
+
+    return build
+
+
+@pytest.mark.django_db(transaction=True)  # the WSGI handler ends each request's connection
+def test_behind_one_trusted_proxy_the_address_is_the_one_it_saw_not_one_the_client_wrote(
+    wsgi_app, operator
+):
+    app = wsgi_app(1)
+    # nginx (172.18.0.5) appends the address it was called from; clients write
+    # whatever they like before it, a new address on every try.
+    for number, name in enumerate(["ana", "bo", "cy", "di", "ed"]):
+        forwarded = f"10.0.0.{number}, 192.0.2.{number}, 203.0.113.7"
+        response = _wsgi_sign_in(app, "172.18.0.5", name, "wrong", forwarded)
+
+    assert response.status_code == 429
+    assert set(AccessAttempt.objects.values_list("ip_address", flat=True)) == {"203.0.113.7"}
+    assert _wsgi_sign_in(app, "172.18.0.5", "olivia", "pw-olivia", "203.0.113.7").status_code == 429
+    # Another client behind the same proxy has its own count.
+    assert _wsgi_sign_in(app, "172.18.0.5", "olivia", "pw-olivia", "203.0.113.8").status_code == 302
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_trusted_proxies_a_client_written_forwarded_for_is_ignored(wsgi_app, operator):
+    app = wsgi_app(0)
+    for number in range(LIMIT):
+        response = _wsgi_sign_in(
+            app, "198.51.100.20", f"user{number}", "wrong", f"192.0.2.{number}"
+        )
+
+    assert response.status_code == 429
+    assert set(AccessAttempt.objects.values_list("ip_address", flat=True)) == {"198.51.100.20"}
