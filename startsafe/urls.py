@@ -14,7 +14,7 @@ handler500 = "runs.api_middleware.server_error"
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("accounts/", include("django.contrib.auth.urls")),
+    path("accounts/", include("startsafe.accounts")),
     path("api/v1/", api.urls),
     path("healthz", health.healthz, name="healthz"),
     path("metrics", health.metrics, name="metrics"),

@@ -1,4 +1,4 @@
-"""Sign-in throttling (startsafe/login_throttle.py on django-axes).
+"""Sign-in throttling (startsafe/login_throttle.py on django-axes) and the password reset.
 
 Every sign-in goes through the real forms (the console's and the admin's), with
 Django's test client, axes' real backend and the real database; the clock moves
@@ -17,11 +17,14 @@ from pathlib import Path
 import pytest
 import time_machine
 from axes.models import AccessAttempt
+from django.core import mail
 from django.core.handlers.wsgi import WSGIHandler
+from django.core.mail.backends.locmem import EmailBackend as LocmemBackend
 from django.core.management import call_command
 from django.test import Client
 from werkzeug.test import Client as WsgiClient
 
+from startsafe.accounts import email_is_configured
 from startsafe.proxies import behind_trusted_proxies
 
 pytestmark = pytest.mark.django_db
@@ -298,3 +301,83 @@ def test_without_trusted_proxies_a_client_written_forwarded_for_is_ignored(wsgi_
 
     assert response.status_code == 429
     assert set(AccessAttempt.objects.values_list("ip_address", flat=True)) == {"198.51.100.20"}
+
+
+# --- Password reset: only where e-mail reaches people -------------------------------
+
+RESET_PAGES = [
+    "/accounts/password_reset/",
+    "/accounts/password_reset/done/",
+    "/accounts/reset/MQ/set-password/",
+    "/accounts/reset/done/",
+]
+
+
+class DeliveringBackend(LocmemBackend):
+    """Stands in for a backend that sends (SMTP, or a provider's package): any
+    backend but Django's console, file, in-memory and dummy ones."""
+
+
+@pytest.mark.parametrize(
+    ("backend", "configured"),
+    [
+        ("django.core.mail.backends.console.EmailBackend", False),  # startsafe's default
+        ("django.core.mail.backends.filebased.EmailBackend", False),
+        ("django.core.mail.backends.locmem.EmailBackend", False),
+        ("django.core.mail.backends.dummy.EmailBackend", False),
+        ("django.core.mail.backends.smtp.EmailBackend", True),
+        ("anymail.backends.mailgun.EmailBackend", True),
+    ],
+)
+def test_email_is_configured_when_its_backend_sends(settings, backend, configured):
+    settings.EMAIL_BACKEND = backend
+
+    assert email_is_configured() is configured
+
+
+@pytest.mark.parametrize("path", RESET_PAGES)
+def test_password_reset_is_not_found_without_email(settings, client, path):
+    settings.EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+
+    assert client.get(path).status_code == 404
+
+
+def test_the_sign_in_page_offers_no_password_reset_without_email(settings, client):
+    settings.EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+
+    html = client.get(LOGIN).content.decode()
+
+    assert "/accounts/password_reset/" not in html
+    assert "Forgot your password?" not in html
+
+
+def test_with_smtp_the_sign_in_page_offers_password_reset(settings, client):
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST = "smtp.example.com"
+
+    html = client.get(LOGIN).content.decode()
+
+    assert 'href="/accounts/password_reset/"' in html
+    assert client.get("/accounts/password_reset/").status_code == 200
+
+
+def test_with_email_a_password_reset_sends_a_link_that_sets_a_new_password(
+    settings, client, operator
+):
+    settings.EMAIL_BACKEND = f"{__name__}.DeliveringBackend"
+
+    response = client.post("/accounts/password_reset/", {"email": "olivia@example.com"})
+
+    assert response.status_code == 302
+    assert len(mail.outbox) == 1
+    link = re.search(r"http://testserver(/accounts/reset/\S+/)", mail.outbox[0].body).group(1)
+    form = client.get(link, follow=True)
+    assert form.status_code == 200
+    new_password = "a-new-long-password-7"
+    done = client.post(
+        form.redirect_chain[-1][0],
+        {"new_password1": new_password, "new_password2": new_password},
+    )
+    assert done.status_code == 302
+    operator.refresh_from_db()
+    assert operator.check_password(new_password)

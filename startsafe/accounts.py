@@ -1,0 +1,67 @@
+"""Sign-in and password pages: Django's own, with password reset only where e-mail is sent.
+
+A reset link that goes to the console backend's output (startsafe's default) or
+nowhere reaches nobody, so the reset pages answer 404 and the sign-in page does not
+offer them unless ``email_is_configured()``. It is read on each request, from the
+settings, so it follows EMAIL_BACKEND wherever that is set.
+"""
+
+from __future__ import annotations
+
+from functools import wraps
+
+from django.conf import settings
+from django.contrib.auth import urls as auth_urls
+from django.contrib.auth import views as auth_views
+from django.http import Http404
+from django.urls import path
+
+# Django's backends that keep a message on this machine (the console backend is
+# startsafe's default; Django's test runner uses the in-memory one).
+UNDELIVERED_EMAIL_BACKENDS = frozenset(
+    {
+        "django.core.mail.backends.console.EmailBackend",
+        "django.core.mail.backends.filebased.EmailBackend",
+        "django.core.mail.backends.locmem.EmailBackend",
+        "django.core.mail.backends.dummy.EmailBackend",
+    }
+)
+
+
+def email_is_configured() -> bool:
+    """E-mail reaches people: EMAIL_BACKEND is one that sends (Django's SMTP backend,
+    with EMAIL_HOST and the rest, or any other package's), not one that keeps it here."""
+    return settings.EMAIL_BACKEND not in UNDELIVERED_EMAIL_BACKENDS
+
+
+def _only_with_email(view):
+    @wraps(view)
+    def wrapped(request, *args, **kwargs):
+        if not email_is_configured():
+            raise Http404("Password reset is off: e-mail is not configured.")
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+class LoginView(auth_views.LoginView):
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        context["password_reset"] = email_is_configured()
+        return context
+
+
+def _accounts_urls():
+    """Django's account addresses (django.contrib.auth.urls), each kept as it is,
+    except the sign-in page (it knows whether to offer a reset) and the four reset
+    pages (404 without e-mail)."""
+    for pattern in auth_urls.urlpatterns:
+        if pattern.name == "login":
+            yield path(str(pattern.pattern), LoginView.as_view(), name=pattern.name)
+        elif pattern.name.startswith("password_reset"):
+            yield path(str(pattern.pattern), _only_with_email(pattern.callback), name=pattern.name)
+        else:
+            yield pattern
+
+
+urlpatterns = list(_accounts_urls())
