@@ -44,3 +44,13 @@ def test_the_rate_limit_is_counted_in_the_stacks_redis(service, monkeypatch):
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": url,
     }
+
+
+def test_sign_in_throttling_counts_the_client_behind_the_proxy():
+    # The one nginx in front appends the client's address; with 0 trusted proxies
+    # every client would be nginx's address, and one guesser would lock out everyone.
+    services = compose()["services"]
+    assert _value(services["web"]["environment"]["STARTSAFE_TRUSTED_PROXIES"]) == "1"
+    assert "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;" in (
+        NGINX_CONF.read_text()
+    )
