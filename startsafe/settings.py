@@ -15,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from startsafe import devenv
 from startsafe.env import env_bool, env_float, env_int, env_list, env_rate, env_str
+from startsafe.outbound import parse_allow, text_refusal
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = devenv.var_dir()
@@ -358,6 +359,17 @@ def _metrics_token() -> str:
         )
     return token
 
+# Hosts and networks the restart hand-off and the webhook may reach though they are
+# not public (startsafe/outbound.py): a runtime on this host or in this VPC. Empty:
+# public addresses only, so an agent's restart_url cannot reach the private network.
+_OUTBOUND_ALLOW = env_list("STARTSAFE_OUTBOUND_ALLOW", [])
+try:
+    _outbound_allowed = parse_allow(tuple(_OUTBOUND_ALLOW))
+except ValueError as exc:
+    raise ImproperlyConfigured(f"STARTSAFE_OUTBOUND_ALLOW: {exc}") from None
+_NOTIFY_WEBHOOK_URL = env_str("STARTSAFE_NOTIFY_WEBHOOK_URL", "")
+if _NOTIFY_WEBHOOK_URL and (refusal := text_refusal(_NOTIFY_WEBHOOK_URL, _outbound_allowed)):
+    raise ImproperlyConfigured(f"STARTSAFE_NOTIFY_WEBHOOK_URL {refusal}.")
 
 STARTSAFE = {
     # Default approval deadline when a call does not send approval_ttl (seconds).
@@ -371,7 +383,7 @@ STARTSAFE = {
     # Tries of the restart hand-off before it is given up (shown on the run).
     "RESTART_HANDOFF_MAX_TRIES": env_int("STARTSAFE_RESTART_HANDOFF_MAX_TRIES", 8, minimum=1),
     # Optional generic JSON webhook told of what waits for operators.
-    "NOTIFY_WEBHOOK_URL": env_str("STARTSAFE_NOTIFY_WEBHOOK_URL", ""),
+    "NOTIFY_WEBHOOK_URL": _NOTIFY_WEBHOOK_URL,
     # Who gets e-mail; empty means every active member of the operators group.
     "NOTIFY_EMAILS": env_list("STARTSAFE_NOTIFY_EMAILS", []),
     # Seconds between notification batches: everything that happened in between is
@@ -414,6 +426,8 @@ STARTSAFE = {
     "HEALTH_BROKER_TIMEOUT": env_float("STARTSAFE_HEALTH_BROKER_TIMEOUT", 2.0, minimum=0.1),
     # /metrics for a scraper with this bearer token; empty: only under DEBUG.
     "METRICS_TOKEN": _metrics_token(),
+    # Host names and CIDR networks reached though not public (see above).
+    "OUTBOUND_ALLOW": _OUTBOUND_ALLOW,
 }
 
 # --- Sign-in throttling (django-axes; startsafe/login_throttle.py) ---------------
