@@ -23,6 +23,7 @@ from pydantic import (
 from typing_extensions import TypeAliasType
 
 from runs.canonical import NotCanonicalizable, canonical_json
+from startsafe.outbound import REFUSED_URL_PATTERN, text_refusal
 
 MAX_JSON_VALUE = 256 * 1024  # input, args, result: canonical JSON bytes
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -144,6 +145,9 @@ def _check_url(value: str) -> str:
         raise ValueError("must be an http or https URL") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError("must be an http or https URL")
+    refusal = text_refusal(value)
+    if refusal:
+        raise ValueError(refusal)
     return value
 
 
@@ -206,7 +210,24 @@ EffectKey = Annotated[
     str, Field(min_length=1, max_length=255, pattern=PRINTABLE), AfterValidator(_check_printable)
 ]
 AttemptNumber = whole(1, 2_147_483_647)
-Url = Annotated[str, Field(max_length=2000, pattern=URL_PATTERN), AfterValidator(_check_url)]
+# A URL startsafe will POST to: not one that names this machine or an address that is
+# not public (startsafe/outbound.py), stated in the schema too (for a server that
+# allows none: STARTSAFE_OUTBOUND_ALLOW lets more through).
+Url = Annotated[
+    str,
+    Field(
+        max_length=2000,
+        pattern=URL_PATTERN,
+        json_schema_extra={
+            "not": {"pattern": REFUSED_URL_PATTERN},
+            "description": "An http or https URL. Not one whose host names this machine"
+            " (localhost), nor an IP address that is not public (loopback, private,"
+            " link-local, multicast...) or is not written as four decimal numbers,"
+            " unless the server's STARTSAFE_OUTBOUND_ALLOW allows it.",
+        },
+    ),
+    AfterValidator(_check_url),
+]
 
 
 class In(BaseModel):
