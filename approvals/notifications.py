@@ -14,7 +14,6 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.mail import EmailMessage
@@ -29,6 +28,7 @@ from approvals.models import (
     record_task_run,
 )
 from runs.models import AuditEvent, Effect, EffectStatus, Run
+from startsafe import outbound
 from startsafe.logs import kv
 
 logger = logging.getLogger("startsafe.notifications")
@@ -301,13 +301,11 @@ def send_pending_notifications(now: datetime | None = None) -> SendReport:
     to_post = [r for r in rows if r.webhook_done_at is None]
     if to_post and url:
         _, _, payload = compose(to_post)
-        error = ""
-        try:
-            response = httpx.post(url, json=payload, timeout=_conf("NOTIFY_WEBHOOK_TIMEOUT"))
-            if not 200 <= response.status_code < 300:
-                error = f"webhook: HTTP {response.status_code}: {response.text[:200]}"
-        except httpx.HTTPError as exc:
-            error = f"webhook: {type(exc).__name__}: {exc}"[:500]
+        # The status and a fixed reason (startsafe/outbound.py), never the peer's body.
+        outcome = outbound.post_json(
+            url, payload, timeout=_conf("NOTIFY_WEBHOOK_TIMEOUT"), purpose="notify_webhook"
+        )
+        error = "" if outcome.delivered else f"webhook: {outcome.reason}"
         if error:
             report.webhook_failures += 1
             logger.warning(kv("notify_webhook_failed", rows=len(to_post), error=error))

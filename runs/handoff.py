@@ -2,8 +2,10 @@
 
 The POST carries ``Idempotency-Key: restart:<run_id>:<n>`` (n, the attempt to start
 next), so a runtime that gets it twice starts the run once; the run's own start
-rules make a second start answer ``already_running``. Every try and its answer is
-kept as an audit event (``handoff_try``) and shown on the run page.
+rules make a second start answer ``already_running``. Every try and its answer (a
+status code or a short reason, never the runtime's reply: startsafe/outbound.py,
+which also refuses addresses that are not public) is kept as an audit event
+(``handoff_try``) and shown on the run page.
 
 The hand-off is an outbox row (``approvals.models.RestartHandoff``) written in the
 transaction that made the run ready. A worker claims it with a compare-and-set
@@ -16,7 +18,6 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-import httpx
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
@@ -26,6 +27,7 @@ from approvals.models import ACTIVE_OUTBOX_STATUSES, OutboxStatus, RestartHandof
 from runs.audit import SYSTEM, record_event
 from runs.models import STOPPED_RUN_STATUSES, Run
 from runs.verdict import restart_verdict
+from startsafe import outbound
 from startsafe.logs import kv
 
 logger = logging.getLogger("startsafe.handoff")
@@ -162,7 +164,7 @@ def deliver_restart_handoff(run_id, attempt: int, now: datetime | None = None) -
             old_status=run.status,
             new_status=run.status,
             note="no answer: the try stopped half-way",
-            data={"try": handoff.tries, "attempt": attempt, "error": "worker stopped"},
+            data={"try": handoff.tries, "attempt": attempt, "reason": "worker stopped"},
         )
         RestartHandoff.objects.filter(pk=handoff.pk).update(failures=F("failures") + 1)
 
@@ -173,7 +175,9 @@ def deliver_restart_handoff(run_id, attempt: int, now: datetime | None = None) -
     max_tries = settings.STARTSAFE["RESTART_HANDOFF_MAX_TRIES"]
     if delivered:
         status, due_at = OutboxStatus.SENT, done_at
-    elif try_number >= max_tries:
+    elif try_number >= max_tries or answer.get("refused"):
+        # A refused address is refused again on every try: a person must act (allow
+        # it, or start the run by hand), so they are told now, not after the back-off.
         status, due_at = OutboxStatus.GIVEN_UP, done_at
     else:
         status, due_at = OutboxStatus.PENDING, done_at + timedelta(seconds=backoff(try_number))
@@ -202,7 +206,12 @@ def deliver_restart_handoff(run_id, attempt: int, now: datetime | None = None) -
         if status == OutboxStatus.GIVEN_UP:
             from approvals.notifications import notify_needs_person
 
-            notify_needs_person(run, done_at, f"restart hand-off given up after {try_number} tries")
+            why = (
+                "its restart_url names an address startsafe does not send to"
+                if answer.get("refused")
+                else f"restart hand-off given up after {try_number} tries"
+            )
+            notify_needs_person(run, done_at, why)
     logger.log(
         logging.INFO if delivered else logging.WARNING,
         kv(
@@ -212,28 +221,33 @@ def deliver_restart_handoff(run_id, attempt: int, now: datetime | None = None) -
             try_number=try_number,
             outcome=status,
             http_status=answer.get("status"),
-            error=answer.get("error"),
+            reason=answer["reason"],
         ),
     )
     return status
 
 
 def post_handoff(run: Run, attempt: int, try_number: int) -> dict:
-    """One POST to the runtime; the answer as it is stored and shown."""
+    """One POST to the runtime; the answer as it is stored and shown to any viewer.
+
+    The status code and a reason from ``startsafe.outbound``'s fixed vocabulary, never
+    the runtime's body or how a connection failed: the run page must not map the
+    network behind a URL an agent chose. The detail is in the server's log.
+    """
+    outcome = outbound.post_json(
+        run.restart_url,
+        handoff_payload(run, attempt),
+        headers={"Idempotency-Key": handoff_key(run.pk, attempt)},
+        timeout=settings.STARTSAFE["RESTART_HANDOFF_TIMEOUT"],
+        purpose=handoff_key(run.pk, attempt),
+    )
     answer: dict = {"try": try_number, "attempt": attempt, "url": run.restart_url}
-    try:
-        response = httpx.post(
-            run.restart_url,
-            json=handoff_payload(run, attempt),
-            headers={"Idempotency-Key": handoff_key(run.pk, attempt)},
-            timeout=settings.STARTSAFE["RESTART_HANDOFF_TIMEOUT"],
-        )
-        answer["status"] = response.status_code
-        answer["body"] = response.text[:500]
-        answer["delivered"] = 200 <= response.status_code < 300
-    except httpx.HTTPError as exc:
-        answer["error"] = f"{type(exc).__name__}: {exc}"[:500]
-        answer["delivered"] = False
+    if outcome.status is not None:
+        answer["status"] = outcome.status
+    answer["reason"] = outcome.reason
+    answer["delivered"] = outcome.delivered
+    if outcome.refused:
+        answer["refused"] = True
     return answer
 
 

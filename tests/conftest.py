@@ -74,6 +74,13 @@ def outsider(db) -> User:
 
 
 @pytest.fixture
+def allow_loopback(settings):
+    """The tests' loopback runtime and webhook, allowed as an administrator allows a
+    runtime on the same host (startsafe sends only to public addresses otherwise)."""
+    settings.STARTSAFE = {**settings.STARTSAFE, "OUTBOUND_ALLOW": ["127.0.0.1"]}
+
+
+@pytest.fixture
 def other_connection():
     """A second connection to the test database, outside Django's (PostgreSQL)."""
     conn = connect_outside_django()

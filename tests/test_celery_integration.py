@@ -71,6 +71,8 @@ class Processes:
             "STARTSAFE_NOTIFY_INTERVAL": "60",
             # A short per-try timeout makes the lease of a dead try short (2*3+5 s).
             "STARTSAFE_RESTART_HANDOFF_TIMEOUT": "3",
+            # The loopback runtime, allowed as for a runtime on the same host.
+            "STARTSAFE_OUTBOUND_ALLOW": "127.0.0.1",
             "STARTSAFE_VAR_DIR": str(tmp),
         }
         self.running: list[subprocess.Popen] = []

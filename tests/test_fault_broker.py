@@ -94,6 +94,8 @@ class Celery:
             "STARTSAFE_SWEEP_INTERVAL": "1",
             "STARTSAFE_NOTIFY_INTERVAL": "60",
             "STARTSAFE_RESTART_HANDOFF_TIMEOUT": "3",
+            # The loopback runtime, allowed as for a runtime on the same host.
+            "STARTSAFE_OUTBOUND_ALLOW": "127.0.0.1",
             "STARTSAFE_VAR_DIR": str(tmp),
         }
         self.running: list[subprocess.Popen] = []

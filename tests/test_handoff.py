@@ -41,7 +41,7 @@ def _handed_back(agent, url):
 
 
 @pytest.mark.django_db
-def test_a_handoff_posts_the_next_attempt_with_its_idempotency_key(agent, queued):
+def test_a_handoff_posts_the_next_attempt_with_its_idempotency_key(agent, queued, allow_loopback):
     with RuntimeServer() as runtime:
         run = _handed_back(agent, runtime.url)
 
@@ -58,10 +58,11 @@ def test_a_handoff_posts_the_next_attempt_with_its_idempotency_key(agent, queued
     # The try and its answer are on the run page (its audit events).
     event = AuditEvent.objects.get(run=run, verb="handoff_try")
     assert event.note == "delivered" and event.data["status"] == 200
+    assert event.data["reason"] == "HTTP 200"
 
 
 @pytest.mark.django_db
-def test_a_failed_try_backs_off_and_is_retried_by_the_sweep_when_due(agent, queued):
+def test_a_failed_try_backs_off_and_is_retried_by_the_sweep_when_due(agent, queued, allow_loopback):
     answers = iter([503, 200])
     with RuntimeServer(lambda d: next(answers)) as runtime:
         run = _handed_back(agent, runtime.url)
@@ -69,6 +70,7 @@ def test_a_failed_try_backs_off_and_is_retried_by_the_sweep_when_due(agent, queu
         assert deliver_restart_handoff(str(run.pk), 2, now=later(7)) == "pending"
         handoff = RestartHandoff.objects.get(run=run)
         assert handoff.failures == 1 and handoff.last_answer["status"] == 503
+        assert handoff.last_answer["reason"] == "HTTP 503" and "body" not in handoff.last_answer
         # Not due yet: a duplicate message does nothing.
         assert deliver_restart_handoff(str(run.pk), 2, now=later(7)) == "not_due"
         queued.clear()
@@ -82,7 +84,9 @@ def test_a_failed_try_backs_off_and_is_retried_by_the_sweep_when_due(agent, queu
 
 
 @pytest.mark.django_db
-def test_a_try_that_died_half_way_is_taken_over_after_its_lease(agent, queued, settings):
+def test_a_try_that_died_half_way_is_taken_over_after_its_lease(
+    agent, queued, allow_loopback, settings
+):
     settings.STARTSAFE = {**settings.STARTSAFE, "RESTART_HANDOFF_TIMEOUT": 2}
     with RuntimeServer() as runtime:
         run = _handed_back(agent, runtime.url)
@@ -107,7 +111,7 @@ def test_a_try_that_died_half_way_is_taken_over_after_its_lease(agent, queued, s
 
 
 @pytest.mark.django_db
-def test_a_run_that_started_again_is_not_handed_off(agent, queued):
+def test_a_run_that_started_again_is_not_handed_off(agent, queued, allow_loopback):
     with RuntimeServer() as runtime:
         run = _handed_back(agent, runtime.url)
         start_run(agent, "job-1", now=later(7))  # the runtime restarted it by itself
@@ -119,7 +123,9 @@ def test_a_run_that_started_again_is_not_handed_off(agent, queued):
 
 
 @pytest.mark.django_db
-def test_the_handoff_is_given_up_at_the_cap_and_a_person_is_told(agent, queued, settings):
+def test_the_handoff_is_given_up_at_the_cap_and_a_person_is_told(
+    agent, queued, allow_loopback, settings
+):
     settings.STARTSAFE = {**settings.STARTSAFE, "RESTART_HANDOFF_MAX_TRIES": 2}
     with RuntimeServer(lambda d: 500) as runtime:
         run = _handed_back(agent, runtime.url)
@@ -132,13 +138,19 @@ def test_the_handoff_is_given_up_at_the_cap_and_a_person_is_told(agent, queued, 
 
 
 @pytest.mark.django_db
-def test_an_unreachable_runtime_is_a_failed_try_with_the_error_kept(agent, queued):
+def test_an_unreachable_runtime_is_a_failed_try_with_a_fixed_reason(
+    agent, queued, allow_loopback, caplog
+):
     run = _handed_back(agent, "http://127.0.0.1:9/restart")
 
     assert deliver_restart_handoff(str(run.pk), 2, now=later(7)) == "pending"
 
+    # Kept and shown: that no HTTP answer came, not how the connection failed.
     answer = RestartHandoff.objects.get(run=run).last_answer
-    assert "ConnectError" in answer["error"]
+    assert answer["reason"] == "no HTTP answer (could not connect or timed out)"
+    assert "error" not in answer and "status" not in answer
+    # The detail is in the server's log, for administrators.
+    assert "ConnectError" in caplog.text
 
 
 @pytest.mark.django_db

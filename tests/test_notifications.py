@@ -138,7 +138,7 @@ def test_operators_without_an_address_and_non_operators_get_no_mail(operator, vi
 
 
 @pytest.mark.django_db
-def test_the_webhook_gets_one_json_post_per_batch(agent, operator, settings):
+def test_the_webhook_gets_one_json_post_per_batch(agent, operator, settings, allow_loopback):
     with RuntimeServer() as hook:
         settings.STARTSAFE = {**settings.STARTSAFE, "NOTIFY_WEBHOOK_URL": hook.url}
         run = start_run(agent, "job", heartbeat_timeout=3600, now=T0).run
@@ -154,7 +154,9 @@ def test_the_webhook_gets_one_json_post_per_batch(agent, operator, settings):
 
 
 @pytest.mark.django_db
-def test_a_failing_webhook_is_retried_without_resending_the_email(agent, operator, settings):
+def test_a_failing_webhook_is_retried_without_resending_the_email(
+    agent, operator, settings, allow_loopback
+):
     answers = iter([500, 200])
     with RuntimeServer(lambda d: next(answers)) as hook:
         settings.STARTSAFE = {**settings.STARTSAFE, "NOTIFY_WEBHOOK_URL": hook.url}

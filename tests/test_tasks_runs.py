@@ -41,7 +41,9 @@ def test_the_sweep_task_interrupts_a_stale_run_and_queues_its_handoff_on_commit(
 
 
 @pytest.mark.django_db
-def test_the_handoff_task_delivers_once_and_a_duplicate_does_nothing(agent, monkeypatch):
+def test_the_handoff_task_delivers_once_and_a_duplicate_does_nothing(
+    agent, monkeypatch, allow_loopback
+):
     monkeypatch.setattr("runs.handoff.enqueue_handoff", lambda *a, **kw: None)
     with RuntimeServer() as runtime:
         run = start_run(agent, "job", heartbeat_timeout=5, restart_url=runtime.url).run
