@@ -359,6 +359,7 @@ def _metrics_token() -> str:
         )
     return token
 
+
 # Hosts and networks the restart hand-off and the webhook may reach though they are
 # not public (startsafe/outbound.py): a runtime on this host or in this VPC. Empty:
 # public addresses only, so an agent's restart_url cannot reach the private network.
