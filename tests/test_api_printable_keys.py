@@ -41,6 +41,20 @@ def api(agent) -> Api:
     return Api(agent.token)
 
 
+def _record_effect(api: Api, run_id: str, key: str):
+    return api.post(
+        f"/runs/{run_id}/calls",
+        {
+            "attempt": 1,
+            "tool": "send_reply",
+            "kind": "effect",
+            "args": {},
+            "key": key,
+            "key_source": "provider",
+        },
+    )
+
+
 @pytest.mark.parametrize("value", DECEPTIVE.values(), ids=DECEPTIVE.keys())
 def test_a_run_key_that_is_not_printable_is_refused(api, value):
     assert not value.isprintable()
@@ -53,18 +67,7 @@ def test_a_run_key_that_is_not_printable_is_refused(api, value):
 @pytest.mark.parametrize("value", DECEPTIVE.values(), ids=DECEPTIVE.keys())
 def test_an_effect_key_that_is_not_printable_is_refused(api, value):
     started = api.post("/runs", {"run_key": "t"})
-    run_id = started.body["run"]["id"]
-    answer = api.post(
-        f"/runs/{run_id}/calls",
-        {
-            "attempt": 1,
-            "tool": "send_reply",
-            "kind": "effect",
-            "args": {},
-            "key": value,
-            "key_source": "provider",
-        },
-    )
+    answer = _record_effect(api, started.body["run"]["id"], value)
     assert answer.status == 400 and answer.code == "invalid_request"
     assert "key" in answer.body["error"]["details"]["fields"]
     assert not Effect.objects.exists()
@@ -75,17 +78,7 @@ def test_printable_keys_beyond_ascii_are_taken(api, value):
     assert value.isprintable()
     started = api.post("/runs", {"run_key": value})
     assert started.status == 201
-    answer = api.post(
-        f"/runs/{started.body['run']['id']}/calls",
-        {
-            "attempt": 1,
-            "tool": "send_reply",
-            "kind": "effect",
-            "args": {},
-            "key": value,
-            "key_source": "provider",
-        },
-    )
+    answer = _record_effect(api, started.body["run"]["id"], value)
     assert answer.status == 201 and answer.body["effect"]["key"] == value
 
 

@@ -22,13 +22,13 @@ from types import SimpleNamespace
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 from hypothesis import given
 from hypothesis import strategies as st
 
 from approvals.models import Notification, RestartHandoff
 from approvals.notifications import notify
 from runs.api_schemas import URL_PATTERN
-from runs.calls import record_call
 from runs.handoff import deliver_restart_handoff
 from runs.lifecycle import start_run
 from runs.models import AuditEvent, Run
@@ -42,6 +42,7 @@ from startsafe.outbound import (
     text_refusal,
 )
 from tests.api_client import Api
+from tests.console_helpers import awaiting_campaign
 from tests.runtime_server import RuntimeServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -276,35 +277,19 @@ def test_a_handoff_to_a_refused_address_sends_nothing_and_gives_up(
     assert Notification.objects.filter(kind="needs_person", run=run).exists()
 
 
-def _awaiting_effect(agent) -> None:
-    run = start_run(agent, "job", heartbeat_timeout=3600, now=T0).run
-    record_call(
-        agent,
-        run.pk,
-        attempt=1,
-        tool="refund",
-        kind="effect",
-        args={"order": 1},
-        key="refund:1",
-        key_source="intent",
-        needs_approval=True,
-        now=T0,
-    )
-
-
 @pytest.mark.django_db
 @pytest.mark.parametrize("url", REACH_THE_RUNTIME + ELSEWHERE)
 def test_a_webhook_to_a_refused_address_sends_nothing(
     agent, operator, queued, settings, names, connections, url
 ):
-    _awaiting_effect(agent)
+    awaiting_campaign(agent)
     with RuntimeServer() as hook:
         settings.STARTSAFE = {
             **settings.STARTSAFE,
             "NOTIFY_WEBHOOK_URL": url.format(port=hook.port),
         }
 
-        report = notify(now=later(5))
+        report = notify(now=timezone.now() + timedelta(seconds=5))
 
     assert hook.deliveries == [] and connections.outside == []
     assert report.webhook_failures == 1
@@ -452,10 +437,10 @@ def test_the_run_page_shows_no_reply_and_no_connection_detail(
 
 @pytest.mark.django_db
 def test_the_webhook_failure_keeps_no_reply(agent, operator, queued, settings, allow_loopback):
-    _awaiting_effect(agent)
+    awaiting_campaign(agent)
     with RuntimeServer(lambda d: 500, reply=b'{"secret": "internal"}') as hook:
         settings.STARTSAFE = {**settings.STARTSAFE, "NOTIFY_WEBHOOK_URL": hook.url}
-        notify(now=later(5))
+        notify(now=timezone.now() + timedelta(seconds=5))
 
     assert Notification.objects.get().last_error == "webhook: HTTP 500"
 
