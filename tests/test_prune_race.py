@@ -10,12 +10,11 @@ for real: the prune on this connection, the redelivery on another thread's.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
-from db_helpers import connect_outside_django
 from django.db import connection, transaction
 from lifecycle_helpers import send, start
+from race_helpers import wait_for_lock_waiters
 
 from runs.models import AuditEvent, EffectStatus
 from tests.test_prune import KEY, _done_run, _prune
@@ -26,14 +25,6 @@ pytestmark = [
         connection.vendor != "postgresql", reason="SQLite runs one writer at a time"
     ),
 ]
-
-
-def _waiting_on_a_lock() -> int:
-    with connect_outside_django() as conn:
-        return conn.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        ).fetchone()[0]
 
 
 def test_a_key_redelivered_while_its_effect_is_pruned_is_restored_not_executed(agent):
@@ -54,10 +45,7 @@ def test_a_key_redelivered_while_its_effect_is_pruned_is_restored_not_executed(a
         report = _prune()
         assert report.tombstones == 1
         thread.start()
-        deadline = time.monotonic() + 10
-        while not _waiting_on_a_lock() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert _waiting_on_a_lock() == 1  # the insert waits on the deleted row
+        assert wait_for_lock_waiters(1) == 1  # the insert waits on the deleted row
     thread.join(timeout=10)
 
     (recorded,) = answers
