@@ -89,21 +89,64 @@ def test_a_safe_run_with_a_restart_url_gets_a_handoff_row_queued_after_commit(ag
     assert queued == [(str(run.pk), 2)]
 
 
+def _interrupt(path: str, run, now: datetime) -> sweep_module.SweepReport:
+    """One sweep of ``run`` by the set-based batch (what ``sweep`` runs first), or by
+    the one-run-at-a-time path (what it falls back to when a batch fails)."""
+    if path == "batch":
+        return sweep(now=now)
+    report = sweep_module.SweepReport()
+    sweep_module.interrupt_stale_run(run.pk, now, report)
+    return report
+
+
 @pytest.mark.django_db
-def test_past_the_cap_of_automatic_restarts_the_run_waits_for_a_person(agent, queued, settings):
+@pytest.mark.parametrize("path", ["batch", "one_run"])
+def test_the_sweep_counts_its_hand_backs_and_past_the_cap_a_person_decides(
+    agent, queued, settings, path
+):
+    """product.md: automatic restarts are capped per run; past the cap the run waits
+    for a person instead of looping. The sweep alone reaches the cap: each time the
+    run falls silent it is handed back, and its runtime starts it again."""
     settings.STARTSAFE = {**settings.STARTSAFE, "AUTO_RESTART_CAP": 2}
     run = start_run(agent, "job-1", heartbeat_timeout=5, now=T0).run
-    Run.objects.filter(pk=run.pk).update(auto_restarts=2)
+    now = T0
+    for hand_back in (1, 2):
+        now += timedelta(seconds=6)  # silent past its heartbeat timeout
 
-    report = sweep(now=later(6))
+        report = _interrupt(path, run, now)
 
-    assert report.needs_person == [str(run.pk)]
+        assert report.restart_ready == [str(run.pk)], hand_back
+        restarted = start_run(agent, "job-1", now=now + timedelta(seconds=1))
+        assert (restarted.attempt.number, restarted.attempt.started_by) == (hand_back + 1, "auto")
+        now += timedelta(seconds=1)
+
+    report = _interrupt(path, run, now + timedelta(seconds=6))
+
+    assert (report.restart_ready, report.needs_person) == ([], [str(run.pk)])
     run.refresh_from_db()
-    assert run.restart_ready is False
+    assert (run.status, run.restart_ready) == (RunStatus.INTERRUPTED, False)
+    assert AuditEvent.objects.filter(run=run, verb="restart_ready").count() == 2
     event = AuditEvent.objects.get(run=run, verb="needs_person")
     assert event.note == "automatic restarts capped"
     # Operators hear of it: the outbox row was written with the event.
     assert Notification.objects.filter(kind="needs_person", run=run).count() == 1
+    # The cap limits the hand-backs only: the agent's own start still goes through.
+    assert start_run(agent, "job-1").attempt.started_by == "agent"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["batch", "one_run"])
+def test_an_agents_own_restarts_do_not_count_toward_the_cap(agent, queued, settings, path):
+    """api.md: the cap limits only the hand-backs; an agent's own start (here, a
+    supersede of its silent attempt) is decided by the verdict alone."""
+    settings.STARTSAFE = {**settings.STARTSAFE, "AUTO_RESTART_CAP": 1}
+    run = start_run(agent, "job-1", heartbeat_timeout=5, now=T0).run
+    for attempt in (1, 2, 3):
+        start_run(agent, "job-1", supersede=attempt, now=later(attempt))
+
+    report = _interrupt(path, run, later(3 + 6))
+
+    assert report.restart_ready == [str(run.pk)]
 
 
 @pytest.mark.django_db
