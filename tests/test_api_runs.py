@@ -58,6 +58,19 @@ def test_supersede_naming_another_attempt_is_already_running(api):
     assert answer.status == 409 and answer.code == "already_running"
 
 
+def test_supersede_naming_another_attempt_of_a_failed_run_is_already_running(api):
+    """Whatever the run's status (api.md): a stale view of a stopped run starts nothing."""
+    run_id = api.start("t").body["run"]["id"]
+    api.post(f"/runs/{run_id}/finish", {"attempt": 1, "outcome": "failed"})
+
+    answer = api.start("t", supersede=2)
+
+    assert answer.status == 409 and answer.code == "already_running"
+    assert answer.body["error"]["details"]["attempt"] == 1
+    assert list(Attempt.objects.filter(run_id=run_id).values_list("number", flat=True)) == [1]
+    assert api.start("t", supersede=1).body["attempt"]["number"] == 2
+
+
 def test_a_restart_may_not_loosen_the_policy_fixed_by_the_first_start(api):
     run_id = api.start("t", restart_policy="manual").body["run"]["id"]
     api.post(f"/runs/{run_id}/finish", {"attempt": 1, "outcome": "failed"})

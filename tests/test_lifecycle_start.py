@@ -8,6 +8,7 @@ import pytest
 from django.utils import timezone
 from lifecycle_helpers import read, send, start
 
+from approvals.decisions import allow_restart
 from runs.errors import (
     AlreadyRunning,
     AttemptSuperseded,
@@ -137,15 +138,83 @@ def test_restarting_a_failed_run_with_a_safe_verdict_starts_a_new_attempt(agent)
     assert Attempt.objects.get(run=started.run, number=1).status == AttemptStatus.FAILED
 
 
-def test_supersede_naming_the_current_attempt_of_a_stopped_run_changes_nothing(agent):
-    started = start(agent)
-    finish_run(agent, started.run.pk, attempt=1, outcome="failed")
+def _stopped_at_attempt_2(agent, how: str) -> Run:
+    """A run whose attempt 2 stopped: ``interrupted`` (silent, found by the sweep; it
+    is then handed back, ``restart_ready``) or ``failed`` (it said so)."""
+    t0 = timezone.now()
+    start(agent, heartbeat_timeout=30, now=t0)
+    run = start(agent, supersede=1, now=t0).run
+    if how == "interrupted":
+        sweep(now=t0 + timedelta(seconds=31))
+    else:
+        finish_run(agent, run.pk, attempt=2, outcome="failed")
+    run.refresh_from_db()
+    assert (run.status, run.current_attempt) == (how, 2)
+    return run
 
-    restarted = start(agent, supersede=1)
 
-    assert restarted.attempt.number == 2
-    # Attempt 1 keeps the status it ended with; nothing was superseded.
-    assert Attempt.objects.get(run=started.run, number=1).status == AttemptStatus.FAILED
+def _snapshot(run: Run) -> tuple:
+    run.refresh_from_db()
+    attempts = list(run.attempts.order_by("number").values_list("number", "status"))
+    return (run.status, run.current_attempt, run.restart_ready, run.override_at, attempts)
+
+
+@pytest.mark.parametrize("named", [1, 3])
+@pytest.mark.parametrize("how", ["interrupted", "failed"])
+def test_a_supersede_that_names_another_attempt_of_a_stopped_run_is_already_running(
+    agent, how, named
+):
+    """api.md: ``supersede`` must equal the run's current attempt whatever its status,
+    else ``409 already_running``: a stale view of the run changes nothing."""
+    run = _stopped_at_attempt_2(agent, how)
+    before, events = _snapshot(run), AuditEvent.objects.count()
+
+    with pytest.raises(AlreadyRunning) as caught:
+        start(agent, supersede=named)
+
+    assert caught.value.details["attempt"] == 2
+    assert caught.value.details["heartbeat_at"] == run.heartbeat_at.isoformat()
+    assert _snapshot(run) == before
+    assert AuditEvent.objects.count() == events
+
+
+@pytest.mark.parametrize("how", ["interrupted", "failed"])
+def test_a_stale_supersede_is_already_running_before_the_verdict_or_an_override(
+    agent, operator, how
+):
+    """The stale supersede is refused first: not ``restart_blocked`` by the verdict,
+    and it never consumes the override that an operator left for the next start."""
+    t0 = timezone.now()
+    run = start(agent, heartbeat_timeout=30, now=t0).run
+    send(agent, run, key=None, now=t0)  # an unkeyed effect was started: the verdict blocks
+    if how == "interrupted":
+        sweep(now=t0 + timedelta(seconds=31))
+    else:
+        finish_run(agent, run.pk, attempt=1, outcome="failed")
+    with pytest.raises(AlreadyRunning):
+        start(agent, supersede=2)
+    allow_restart(operator, run.pk, note="the refund was checked by hand")
+    before = _snapshot(run)
+
+    with pytest.raises(AlreadyRunning):
+        start(agent, supersede=2)
+
+    assert _snapshot(run) == before  # the override still waits for the next start
+    assert start(agent, supersede=1).attempt.started_by == "operator:olivia"
+
+
+@pytest.mark.parametrize("how", ["interrupted", "failed"])
+def test_supersede_naming_the_current_attempt_of_a_stopped_run_changes_nothing(agent, how):
+    run = _stopped_at_attempt_2(agent, how)
+
+    restarted = start(agent, supersede=2)
+
+    assert restarted.attempt.number == 3
+    # Attempt 2 keeps the status it ended with; nothing was superseded.
+    assert Attempt.objects.get(run=run, number=2).status == how
+    assert not AuditEvent.objects.filter(
+        run=run, attempt_number=2, verb="attempt_superseded"
+    ).exists()
 
 
 def test_supersede_on_a_new_run_key_is_ignored(agent):
