@@ -59,7 +59,10 @@ def test_the_same_key_with_another_body_is_idempotency_key_reused(api):
     assert Run.objects.count() == 1
 
 
-def test_a_request_still_being_processed_answers_request_in_progress(api, agent):
+def test_a_claim_row_of_the_earlier_design_is_request_in_progress_within_its_lease(api, agent):
+    """Rows the earlier design claimed before the work still count as in progress
+    until their lease lapses (runs/idempotency.py). Two real concurrent requests:
+    tests/test_api_idempotency_lock.py."""
     now = timezone.now()
     IdempotentRequest.objects.create(
         agent=agent,

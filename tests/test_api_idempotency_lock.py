@@ -17,8 +17,9 @@ from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
 
 from runs import idempotency, lifecycle, rowsql
-from runs.models import Attempt, Effect, IdempotentRequest, Run
-from tests.api_client import Api
+from runs.models import Attempt, AuditEvent, Call, Effect, IdempotentRequest, Run
+from tests.api_client import Answer, Api
+from tests.race_helpers import Worker, pool_room, row_locked, run_together, wait_for_lock_waiters
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -234,3 +235,79 @@ def test_a_failing_waiting_write_is_its_own_error_not_a_taken_key(api, agent):
 
     assert Effect.objects.filter(key="msg-1").count() == 1
     assert IdempotentRequest.objects.filter(key="fresh-key").count() == 1
+
+
+# --- Two real requests with one key, at the same time ---------------------------------
+
+
+def _same_answer_or_in_progress(first: Answer, second: Answer) -> None:
+    """api.md: the duplicate gets ``409 request_in_progress`` while the first runs, or
+    the first answer again (status and body), never an answer of its own."""
+    assert "Idempotent-Replayed" not in first.headers
+    if second.status == 409:
+        assert second.code == "request_in_progress", second.body
+    else:
+        assert (second.status, second.body) == (first.status, first.body)
+        assert second.headers["Idempotent-Replayed"] == "true"
+
+
+def test_a_duplicate_sent_while_the_first_request_runs_gets_no_answer_of_its_own(api, agent):
+    """The first request holds the key and waits, inside its transaction, on the run's
+    row (locked here from outside Django); the duplicate is sent then, on its own
+    connection. The first cannot end before the lock is let go, so the two overlap."""
+    run_id = _start(api, "start-key").body["run"]["id"]
+
+    def record() -> Answer:
+        return Api(agent.token).post(
+            f"/runs/{run_id}/calls", _CALL, headers={"Idempotency-Key": "dup"}
+        )
+
+    with pool_room(2), row_locked(Run, run_id):
+        first = Worker(record)
+        assert wait_for_lock_waiters(1, unless=first.finished.is_set) == 1, first.outcome
+        second = Worker(record)
+        # It answers at once (the key is taken), or it waits as well.
+        waiting = wait_for_lock_waiters(2, unless=second.finished.is_set)
+        assert second.finished.is_set() or waiting == 2
+        assert not first.finished.is_set()
+    first, second = first.result(), second.result()
+
+    assert first.status == 201 and first.body["action"] == "execute"
+    _same_answer_or_in_progress(first, second)
+    # One journal entry, one claim, one kept answer.
+    assert Call.objects.filter(run_id=run_id).count() == 1
+    assert AuditEvent.objects.filter(verb="claimed", effect__key="msg-1").count() == 1
+    assert IdempotentRequest.objects.get(key="dup").response_status == 201
+    again = record()
+    assert (again.status, again.body) == (first.status, first.body)
+
+
+def test_duplicates_released_together_give_one_answer_and_one_journal_entry(api, agent):
+    """Without a held lock: pairs of requests with one key, each pair on two sessions
+    opened before a barrier lets them go; starts of a new run and recorded calls."""
+    client = Api(agent.token)
+    run_id = _start(api, "start-key").body["run"]["id"]
+    for n in range(6):
+        key = f"pair-{n}"
+        if n % 2:
+            call = dict(_CALL, key=f"msg-{key}")
+
+            def request(call=call, key=key) -> Answer:
+                headers = {"Idempotency-Key": key}
+                return client.post(f"/runs/{run_id}/calls", call, headers=headers)
+        else:
+
+            def request(key=key) -> Answer:
+                return client.post("/runs", {"run_key": key}, headers={"Idempotency-Key": key})
+
+        answers = run_together([request, request])
+
+        fresh = [a for a in answers if "Idempotent-Replayed" not in a.headers and a.status != 409]
+        assert len(fresh) == 1, [(a.status, a.body) for a in answers]
+        assert fresh[0].status == 201, fresh[0].body
+        other = answers[1 - answers.index(fresh[0])]
+        _same_answer_or_in_progress(fresh[0], other)
+        if n % 2:
+            assert Call.objects.filter(run_id=run_id, effect__key=f"msg-{key}").count() == 1
+        else:
+            assert Attempt.objects.filter(run__run_key=key).count() == 1
