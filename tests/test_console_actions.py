@@ -9,8 +9,14 @@ from django.urls import reverse
 
 from approvals.models import Approval
 from runs.calls import record_call
+from runs.lifecycle import start_run
 from runs.models import AuditEvent, EffectStatus, EffectVersion, RunStatus
-from tests.console_helpers import awaiting_campaign, failed_unkeyed_run, unknown_effect
+from tests.console_helpers import (
+    CAMPAIGN_ARGS,
+    awaiting_campaign,
+    failed_unkeyed_run,
+    unknown_effect,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -324,14 +330,41 @@ def test_reject_with_a_note_and_final(client, operator, agent):
     assert effect.decision["final"] is True and effect.decision["note"] == "wrong segment"
     event = events(effect, "rejected").get()
     assert event.data == {"final": True} and event.note == "wrong segment"
+    # Final: a revision is kept as drift and never asks again.
+    assert _revise(effect, "Winter sale, EU only").action == "blocked"
+    effect.refresh_from_db()
+    assert effect.status == EffectStatus.REJECTED
+    assert effect.args == dict(CAMPAIGN_ARGS, campaign_id="ticket-1")
+
+
+def _revise(effect, subject: str):
+    """The agent's model rewrites the campaign after reading the rejection's note."""
+    return record_call(
+        effect.agent, effect.run_id, attempt=1, tool="send_campaign", kind="effect",
+        args=dict(effect.args, subject=subject), key=effect.key, key_source="intent",
+    )  # fmt: skip
 
 
 def test_reject_without_final_lets_a_revision_ask_again(client, operator, agent):
     effect = awaiting_campaign(agent)
     client.force_login(operator)
-    post(client, "reject", effect.pk, {"args_hash": effect.args_hash, "note": "no"})
+    response = post(client, "reject", effect.pk, {"args_hash": effect.args_hash, "note": "no"})
+    assert response.status_code == 303
     effect.refresh_from_db()
-    assert effect.decision["final"] is False
+    assert (effect.status, effect.decision["final"]) == (EffectStatus.REJECTED, False)
+    assert _revise(effect, "Winter sale").action == "blocked"  # the same content stays refused
+
+    revision = _revise(effect, "Winter sale, EU only")
+
+    # A revision asks again: awaiting approval of the new version, with a new deadline.
+    assert revision.action == "wait"
+    effect.refresh_from_db()
+    assert effect.status == EffectStatus.AWAITING_APPROVAL
+    assert effect.args["subject"] == "Winter sale, EU only"
+    assert effect.versions.get(number=effect.args_versions).adopted is True
+    # The operator can decide on it from the console.
+    response = post(client, "approve", effect.pk, {"args_hash": effect.args_hash})
+    assert response.status_code == 303
 
 
 def test_mark_an_unknown_effect_done_with_a_result(client, operator, agent):
@@ -372,6 +405,13 @@ def test_allow_restart_leaves_an_override_for_the_next_start(client, operator, a
     run.refresh_from_db()
     assert run.restart_ready and run.override_note == "refund checked by hand"
     assert AuditEvent.objects.filter(run=run, verb="restart_allowed").count() == 1
+
+    # The next start goes through although the verdict blocks, and consumes it.
+    restarted = start_run(agent, run.run_key)
+    assert restarted.verdict.safe is False
+    assert restarted.attempt.started_by == "operator:olivia"
+    run.refresh_from_db()
+    assert (run.override_at, run.restart_ready) == (None, False)
 
 
 def test_abandon_is_final_and_a_second_abandon_is_409(client, operator, agent):
