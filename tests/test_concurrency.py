@@ -18,14 +18,15 @@ from lifecycle_helpers import send, start
 from race_helpers import (
     Worker,
     pool_room,
+    row_locked,
     run_together,
     start_waiting_on,
     wait_for_lock_waiters,
 )
 
-from approvals.decisions import approve_effect, release_effect
+from approvals.decisions import approve_effect, mark_effect_done, reject_effect, release_effect
 from runs.calls import record_call
-from runs.errors import AlreadyRunning, StaleArgs
+from runs.errors import AlreadyRunning, NotAllowed, StaleArgs
 from runs.lifecycle import start_run
 from runs.models import Attempt, AttemptStatus, AuditEvent, Call, Effect, EffectStatus
 from runs.outcomes import claim_effect, complete_effect, reconcile_effect
@@ -322,3 +323,75 @@ def test_claims_and_replays_from_four_server_processes_give_exactly_one_execute(
         answers = start_waiting_on(Effect, effect.pk, works)
 
     _exactly_one_execute(effect, answers, claimed_before, runs)
+
+
+# --- Decisions racing claims: the effect's row lock serialises them -------------------
+
+
+def _one_after_the_other(effect: Effect, first, second) -> tuple:
+    """Start ``first``, wait until it waits on the effect's row (locked here), then
+    start ``second`` and wait until both wait; let go. They meet the row in that
+    order, each in a transaction that began before the other ended."""
+    with pool_room(2), row_locked(Effect, effect.pk):
+        one = Worker(first)
+        assert wait_for_lock_waiters(1, unless=one.finished.is_set) == 1, one.outcome
+        two = Worker(second)
+        assert wait_for_lock_waiters(2, unless=two.finished.is_set) == 2, two.outcome
+    return one.result(), two.result()
+
+
+@pytest.mark.parametrize("decision", ["reject", "mark_done"])
+def test_a_decision_that_meets_a_claim_first_is_refused_and_changes_nothing(
+    agent, operator, decision
+):
+    """product.md: reject and mark done apply to an approved effect *before it is
+    claimed*. A decision that read the effect before the claim committed must not
+    overwrite the claim: what runs is never also marked rejected or done."""
+    effect, claimants = _claimable(agent, operator, "approved")
+    decide = {"reject": reject_effect, "mark_done": mark_effect_done}[decision]
+
+    claimed, decided = _one_after_the_other(
+        effect,
+        lambda: claim_effect(agent, effect.pk, run_id=claimants[0].pk, attempt=1)[1],
+        lambda: decide(operator, effect.pk, args_hash=effect.args_hash, note="no"),
+    )
+
+    assert claimed == "execute"
+    assert isinstance(decided, NotAllowed) and decided.details == {"status": "in_flight"}
+    effect.refresh_from_db()
+    assert effect.status == EffectStatus.IN_FLIGHT
+    assert effect.decision["verb"] == "approved"
+    settled = AuditEvent.objects.filter(effect=effect, new_status__in=["rejected", "done"])
+    assert not settled.exists()
+
+
+def test_a_claim_that_meets_a_rejection_first_is_blocked(agent, operator):
+    effect, claimants = _claimable(agent, operator, "approved")
+
+    decided, claimed = _one_after_the_other(
+        effect,
+        lambda: reject_effect(operator, effect.pk, args_hash=effect.args_hash, note="no"),
+        lambda: claim_effect(agent, effect.pk, run_id=claimants[0].pk, attempt=1)[1],
+    )
+
+    assert decided.status == EffectStatus.REJECTED
+    assert claimed == "blocked"
+    effect.refresh_from_db()
+    assert effect.status == EffectStatus.REJECTED and effect.claimed_run_id is None
+
+
+def test_two_operators_approving_at_once_both_count(agent, operator, second_operator):
+    """Two of two required approvals, decided at the same moment: neither is lost."""
+    run = start(agent).run
+    effect = send(agent, run, needs_approval=True, approvals_required=2).effect
+
+    first, second = _one_after_the_other(
+        effect,
+        lambda: approve_effect(operator, effect.pk, args_hash=effect.args_hash),
+        lambda: approve_effect(second_operator, effect.pk, args_hash=effect.args_hash),
+    )
+
+    assert not isinstance(first, Exception) and not isinstance(second, Exception)
+    effect.refresh_from_db()
+    assert effect.status == EffectStatus.APPROVED
+    assert sorted(a["by"] for a in effect.current_approvals) == ["olivia", "oscar"]

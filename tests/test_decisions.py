@@ -21,6 +21,7 @@ from runs.errors import Forbidden, InvalidRequest, NotAllowed, NotFound, RunFini
 from runs.lifecycle import finish_run
 from runs.models import AuditEvent, EffectStatus, EffectVersion, RunStatus
 from runs.outcomes import complete_effect
+from runs.verdict import restart_verdict
 
 pytestmark = pytest.mark.django_db
 
@@ -411,10 +412,14 @@ def test_abandoning_a_run_is_final_and_keeps_its_effects_statuses(agent, operato
     run = start(agent).run
     effect = _awaiting(agent, run)
     finish_run(agent, run.pk, attempt=1, outcome="failed")
+    allow_restart(operator, run.pk, note="try once more")  # then thought better of it
 
     run = abandon_run(operator, run.pk, note="customer cancelled")
 
     assert run.status == RunStatus.ABANDONED
+    run.refresh_from_db()
+    # Nothing waits for a start any more: no override, not handed back.
+    assert (run.restart_ready, restart_verdict(run).override) == (False, None)
     effect.refresh_from_db()
     assert effect.status == EffectStatus.AWAITING_APPROVAL
     with pytest.raises(RunFinished):

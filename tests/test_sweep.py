@@ -150,7 +150,8 @@ def test_an_agents_own_restarts_do_not_count_toward_the_cap(agent, queued, setti
 
 
 @pytest.mark.django_db
-def test_a_manual_policy_run_is_never_handed_back(agent, queued):
+@pytest.mark.parametrize("path", ["batch", "one_run"])
+def test_a_manual_policy_run_is_never_handed_back(agent, queued, path):
     run = start_run(
         agent,
         "job-1",
@@ -160,10 +161,40 @@ def test_a_manual_policy_run_is_never_handed_back(agent, queued):
         now=T0,
     ).run
 
-    report = sweep(now=later(6))
+    report = _interrupt(path, run, later(6))
 
     assert report.needs_person == [str(run.pk)]
     assert not RestartHandoff.objects.exists()
+    # Operators are told why: the policy, not a verdict that a decision could change.
+    assert AuditEvent.objects.get(run=run, verb="needs_person").note == "manual policy"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["batch", "one_run"])
+def test_a_run_is_interrupted_only_once_its_deadline_has_passed(agent, queued, path):
+    """Each unit re-checks its row under lock: at exactly ``stale_at`` the run is still
+    within its heartbeat timeout."""
+    run = start_run(agent, "job-1", heartbeat_timeout=5, now=T0).run
+
+    assert _interrupt(path, run, later(5)).interrupted == []
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING
+    assert _interrupt(path, run, later(5.001)).interrupted == [str(run.pk)]
+
+
+@pytest.mark.django_db
+def test_an_effect_times_out_only_once_its_timeout_has_passed(agent, queued):
+    run = start_run(agent, "job-1", heartbeat_timeout=600, now=T0).run
+    effect = record_call(
+        agent, run.pk, attempt=1, tool="charge", kind="effect", args={"cents": 1},
+        key="charge:1", key_source="intent", timeout=30, now=T0,
+    ).effect  # fmt: skip
+    report = sweep_module.SweepReport()
+
+    assert sweep_module.time_out_effect(effect.pk, later(30), report) is False
+    assert sweep_module.time_out_effect(effect.pk, later(30.001), report) is True
+    effect.refresh_from_db()
+    assert effect.status == EffectStatus.UNKNOWN
 
 
 @pytest.mark.django_db
