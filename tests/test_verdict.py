@@ -325,6 +325,8 @@ def test_the_sweeps_batch_verdicts_are_the_per_run_verdicts(agent, operator):
     send(agent, keyed, key=None)  # started unkeyed: blocks
     send(agent, keyed, key="k-2", tool="refund", needs_approval=True)
     read(agent, keyed)
+    waiting = start(agent, "waiting").run
+    send(agent, waiting, key=None, needs_approval=True)  # unkeyed, never started: no block
     blunt = start(agent, "blunt", restart_policy="blunt").run
     read(agent, blunt)
     send(agent, blunt, key="b-1")
@@ -334,7 +336,7 @@ def test_the_sweeps_batch_verdicts_are_the_per_run_verdicts(agent, operator):
     empty = start(agent, "empty").run
     shared = start(agent, "shared").run
     send(agent, shared, key="k-1")  # another run's effect: a note for both
-    runs = [keyed, blunt, manual, empty, shared]
+    runs = [keyed, blunt, manual, empty, shared, waiting]
 
     batch = restart_verdicts(runs)
 
@@ -343,3 +345,4 @@ def test_the_sweeps_batch_verdicts_are_the_per_run_verdicts(agent, operator):
     assert [b["reason"] for b in batch[blunt.pk].blocking] == ["recorded_call"] * 3
     assert batch[keyed.pk].blocking[0]["reason"] == "unkeyed_effect"
     assert len(batch[keyed.pk].notes) == 2
+    assert batch[waiting.pk].safe is True
