@@ -56,6 +56,9 @@ def test_a_deactivated_operator_may_not_decide(agent, outsider):
     with pytest.raises(Forbidden):
         reject_effect(outsider, effect.pk, args_hash=effect.args_hash, note="no")
 
+    effect.refresh_from_db()
+    assert (effect.status, effect.decision) == (EffectStatus.AWAITING_APPROVAL, None)
+
 
 def test_a_missing_args_hash_or_note_is_invalid_before_permission_is_checked(agent, viewer):
     effect = _awaiting(agent)
@@ -406,6 +409,9 @@ def test_a_viewer_may_not_allow_a_restart(agent, viewer):
 
     with pytest.raises(Forbidden):
         allow_restart(viewer, run.pk, note="go")
+
+    run.refresh_from_db()
+    assert (run.restart_ready, run.override_at) == (False, None)
 
 
 def test_abandoning_a_run_is_final_and_keeps_its_effects_statuses(agent, operator):

@@ -108,9 +108,16 @@ def test_a_run_that_never_recorded_the_effect_cannot_reconcile_it(agent):
             agent, effect.pk, run_id=stranger.pk, attempt=1, outcome="done", evidence="x"
         )
 
+    effect.refresh_from_db()
+    assert effect.status == EffectStatus.UNKNOWN
+
 
 def test_a_stopped_attempt_cannot_reconcile(agent):
     run, effect = _unknown(agent)
 
     with pytest.raises(AttemptSuperseded):
         reconcile_effect(agent, effect.pk, run_id=run.pk, attempt=1, outcome="done", evidence="x")
+
+    effect.refresh_from_db()
+    assert effect.status == EffectStatus.UNKNOWN
+    assert not AuditEvent.objects.filter(effect=effect, verb__startswith="reconciled").exists()
