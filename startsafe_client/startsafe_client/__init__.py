@@ -2,7 +2,7 @@
 
 ::
 
-    from startsafe_client import Client, intent_key, provider_key
+    from startsafe_client import Client, provider_key
 
     client = Client("http://127.0.0.1:8000", token)
 
@@ -12,13 +12,16 @@
     with client.run("ticket-4812", supersede="stale") as run:
         run.call(send_reply, message_id=msg_id, body=text)
 
+The client drives one protocol core (:mod:`startsafe_client.protocol`,
+:mod:`startsafe_client.attempt`), written as steps that do no I/O themselves.
+
 Importable without Django; its only dependency is ``httpx``. See the README's
 section "For agent developers".
 """
 
 from __future__ import annotations
 
-from .client import Client, Reconciliation, Tool, Waiting
+from .client import Client
 from .errors import (
     AlreadyRunning,
     ApprovalTimeout,
@@ -42,7 +45,9 @@ from .errors import (
     Unauthorized,
 )
 from .keys import Key, content_key, content_key_of_file, intent_key, provider_key
+from .protocol import Waiting
 from .run import Run
+from .specs import Reconciliation, Tool
 
 __all__ = [
     "AlreadyRunning",

@@ -251,12 +251,16 @@ def error_from_answer(status: int, body: Any) -> StartsafeError:
 class EffectError(StartsafeError):
     """Base of the outcomes of a tool call that mean "do not perform it now".
 
-    ``effect`` is the effect as last seen (a dict shaped like the API's Effect).
+    ``effect`` is the effect as last seen (a dict shaped like the API's Effect);
+    ``url`` is its page in the console, where a person decides.
     """
 
-    def __init__(self, message: str, *, effect: dict[str, Any], **kwargs: Any) -> None:
+    def __init__(
+        self, message: str, *, effect: dict[str, Any], url: str = "", **kwargs: Any
+    ) -> None:
         super().__init__(message, **kwargs)
         self.effect = effect
+        self.url = url
 
     @property
     def effect_id(self) -> str | None:
