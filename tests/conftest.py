@@ -1,4 +1,5 @@
-"""The cast every test can use: two agents, two operators, a viewer, an admin, an outsider.
+"""The cast every test can use: two agents, two operators, a viewer, an admin, an outsider;
+and ``new_client``, which makes each client test run for both clients (client_helpers.py).
 
 Other rows are made inline where a test needs them.
 """
@@ -9,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+from client_helpers import client_kind, new_client  # noqa: F401 (fixtures for every module)
 from db_helpers import connect_outside_django
 from django.contrib.auth.models import Group, User
 

@@ -1,10 +1,12 @@
 """The client's run context and tool calls against a scripted peer (``httpx.MockTransport``):
 each action of the contract leads to the right requests and the right exception.
+
+Each test runs for ``Client`` and for ``AsyncClient`` (the ``make`` fixture): what an
+answer means is the protocol core's, written once for both.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,90 +15,24 @@ from pathlib import Path
 
 import httpx
 import pytest
+from client_helpers import (
+    RUN,
+    base_peer,
+    call_answer,
+    client_options,
+    effect,
+    refusal,
+    started,
+)
 
 import startsafe_client as ss
 
-RUN = {"id": "run-1", "run_key": "t-1", "heartbeat_timeout": 60, "status": "running"}
 
-
-def started(attempt: int = 1) -> dict:
-    return {
-        "run": {**RUN, "current_attempt": attempt},
-        "attempt": {"number": attempt, "status": "running"},
-        "verdict": {"safe": True, "policy": "keyed", "blocking": [], "notes": []},
-        "journal": [],
-        "effects": [],
-    }
-
-
-def effect(status: str, **fields) -> dict:
-    return {"id": "eff-1", "status": status, "args": {"text": "recorded"}, "result": None, **fields}
-
-
-def call_answer(action: str, eff: dict | None) -> dict:
-    return {"call": {"id": "c", "seq": 1, "action": action}, "action": action, "effect": eff}
-
-
-class Peer:
-    """Answers by ``"METHOD /path"`` from queues (the last answer repeats); records requests."""
-
-    def __init__(self, **routes: list) -> None:
-        self.routes = {k.replace("__", " /").replace("_", "/"): v for k, v in routes.items()}
-        self.seen: list[tuple[str, str, dict | None, httpx.Request]] = []
-
-    def on(self, route: str, *answers) -> Peer:
-        self.routes[route] = list(answers)
-        return self
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path.removeprefix("/api/v1")
-        body = json.loads(request.content) if request.content else None
-        self.seen.append((request.method, path, body, request))
-        queue = self.routes[f"{request.method} {path}"]
-        answer = queue.pop(0) if len(queue) > 1 else queue[0]
-        if isinstance(answer, httpx.Response):
-            return answer
-        status, payload = answer
-        return httpx.Response(status, json=payload)
-
-    def bodies(self, method: str, path: str) -> list[dict | None]:
-        return [b for m, p, b, _ in self.seen if (m, p) == (method, path)]
-
-
-def refusal(code: str, **details) -> tuple[int, dict]:
-    return 409, {"error": {"code": code, "message": code, "details": details}}
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def make(peer: Peer, **options) -> ss.Client:
-    clock = FakeClock()
-    return ss.Client(
-        "http://startsafe.test",
-        "tok",
-        transport=httpx.MockTransport(peer),
-        sleep=clock.sleep,
-        clock=clock,
-        poll_interval=1.0,
-        **options,
-    )
-
-
-def base_peer() -> Peer:
-    return (
-        Peer()
-        .on("POST /runs", (201, started()))
-        .on("POST /runs/run-1/finish", (200, {"run": {**RUN, "status": "completed"}}))
-        .on("POST /runs/run-1/heartbeat", (200, {"run": RUN}))
+@pytest.fixture
+def make(new_client):
+    """``make(peer, **options)``: a client of either kind talking to ``peer``, on a fake clock."""
+    return lambda peer, **options: new_client(
+        "http://startsafe.test", "tok", **client_options(peer, **options)
     )
 
 
@@ -111,7 +47,7 @@ def reply_tool(client: ss.Client, ran: list, **options) -> ss.Tool:
     return send_reply
 
 
-def test_execute_runs_the_recorded_args_and_reports_done():
+def test_execute_runs_the_recorded_args_and_reports_done(make):
     peer = base_peer()
     recorded = effect("in_flight", args={"mid": "m-1", "text": "edited by olivia"})
     peer.on("POST /runs/run-1/calls", (201, call_answer("execute", recorded)))
@@ -144,7 +80,7 @@ def test_execute_runs_the_recorded_args_and_reports_done():
     assert run.id == "run-1" and run.attempt == 1 and len(run.journal) == 1
 
 
-def test_skip_returns_the_recorded_result_without_running_the_tool():
+def test_skip_returns_the_recorded_result_without_running_the_tool(make):
     peer = base_peer().on(
         "POST /runs/run-1/calls", (201, call_answer("skip", effect("done", result={"sent": "x"})))
     )
@@ -158,7 +94,7 @@ def test_skip_returns_the_recorded_result_without_running_the_tool():
     assert peer.bodies("POST", "/effects/eff-1/complete") == []
 
 
-def test_a_read_is_recorded_then_run_with_the_given_args():
+def test_a_read_is_recorded_then_run_with_the_given_args(make):
     peer = base_peer().on("POST /runs/run-1/calls", (201, call_answer("execute", None)))
     client = make(peer)
 
@@ -174,7 +110,7 @@ def test_a_read_is_recorded_then_run_with_the_given_args():
     ]
 
 
-def test_wait_polls_with_etag_until_released_then_claims_and_executes():
+def test_wait_polls_with_etag_until_released_then_claims_and_executes(make):
     approved = effect("approved", args={"mid": "m-1", "text": "approved text"})
     peer = base_peer()
     peer.on("POST /runs/run-1/calls", (201, call_answer("wait", effect("awaiting_approval"))))
@@ -204,7 +140,7 @@ def test_wait_polls_with_etag_until_released_then_claims_and_executes():
     assert (call["needs_approval"], call["approvals_required"]) == (True, 2)
 
 
-def test_on_wait_is_told_once_per_call_where_a_person_decides():
+def test_on_wait_is_told_once_per_call_where_a_person_decides(make):
     # Three polls before the approval: the caller hears of the wait once, before them.
     approved = effect("approved", args={"mid": "m-1", "text": "approved text"})
     peer = base_peer()
@@ -241,7 +177,7 @@ def test_on_wait_is_told_once_per_call_where_a_person_decides():
     assert len(peer.bodies("GET", "/effects/eff-1")) == 3
 
 
-def test_a_wait_that_outlasts_the_approval_timeout_raises_approval_timeout():
+def test_a_wait_that_outlasts_the_approval_timeout_raises_approval_timeout(make):
     peer = base_peer()
     peer.on("POST /runs/run-1/calls", (201, call_answer("wait", effect("awaiting_approval"))))
     peer.on("GET /effects/eff-1", httpx.Response(304))
@@ -253,12 +189,13 @@ def test_a_wait_that_outlasts_the_approval_timeout_raises_approval_timeout():
         run.call(send_campaign, mid="m-1", text="x")
 
     assert raised.value.effect_id == "eff-1"
+    assert raised.value.url == "http://startsafe.test/effects/eff-1/"
     assert ran == []
     finish = peer.bodies("POST", "/runs/run-1/finish")[0]
     assert finish["outcome"] == "failed" and "approval_timeout" in finish["error"]
 
 
-def test_blocked_raises_effect_blocked_with_the_note_for_the_model():
+def test_blocked_raises_effect_blocked_with_the_note_for_the_model(make):
     rejected = effect(
         "rejected", decision={"verb": "rejected", "note": "Not to the EU list", "final": False}
     )
@@ -276,7 +213,7 @@ def test_blocked_raises_effect_blocked_with_the_note_for_the_model():
     assert ran == []
 
 
-def test_review_runs_the_reconcile_lookup_and_goes_on_with_its_answer():
+def test_review_runs_the_reconcile_lookup_and_goes_on_with_its_answer(make):
     done = effect("done", result={"found": "ledger line 3"})
     peer = base_peer()
     peer.on("POST /runs/run-1/calls", (201, call_answer("review", effect("unknown", key="k"))))
@@ -304,7 +241,7 @@ def test_review_runs_the_reconcile_lookup_and_goes_on_with_its_answer():
     ]
 
 
-def test_review_released_by_the_lookup_is_claimed_and_executed():
+def test_review_released_by_the_lookup_is_claimed_and_executed(make):
     released = effect("pending", args={"mid": "m-1", "text": "recorded"})
     peer = base_peer()
     peer.on("POST /runs/run-1/calls", (201, call_answer("review", effect("unknown"))))
@@ -323,7 +260,7 @@ def test_review_released_by_the_lookup_is_claimed_and_executed():
 
 
 @pytest.mark.parametrize("lookup", [None, lambda args, key: None])
-def test_review_without_a_lookup_or_with_one_that_cannot_tell_is_outcome_unknown(lookup):
+def test_review_without_a_lookup_or_with_one_that_cannot_tell_is_outcome_unknown(lookup, make):
     peer = base_peer().on("POST /runs/run-1/calls", (201, call_answer("review", effect("unknown"))))
     peer.on("POST /runs/run-1/finish", (200, {"run": RUN}))
     client, ran = make(peer), []
@@ -336,7 +273,7 @@ def test_review_without_a_lookup_or_with_one_that_cannot_tell_is_outcome_unknown
     assert peer.bodies("POST", "/effects/eff-1/reconcile") == []
 
 
-def test_a_failing_tool_is_reported_failed_and_re_raised():
+def test_a_failing_tool_is_reported_failed_and_re_raised(make):
     peer = base_peer()
     peer.on("POST /runs/run-1/calls", (201, call_answer("execute", effect("in_flight"))))
     peer.on("POST /effects/eff-1/complete", (200, {"effect": effect("failed")}))
@@ -354,7 +291,7 @@ def test_a_failing_tool_is_reported_failed_and_re_raised():
     assert peer.bodies("POST", "/runs/run-1/finish")[0]["outcome"] == "failed"
 
 
-def test_a_key_rule_that_finds_nothing_records_nothing():
+def test_a_key_rule_that_finds_nothing_records_nothing(make):
     peer = base_peer()
     client, ran = make(peer), []
     tool = reply_tool(client, ran)
@@ -365,7 +302,7 @@ def test_a_key_rule_that_finds_nothing_records_nothing():
     assert peer.bodies("POST", "/runs/run-1/calls") == []
 
 
-def test_a_tool_called_directly_refuses():
+def test_a_tool_called_directly_refuses(make):
     client, ran = make(base_peer()), []
     tool = reply_tool(client, ran)
 
@@ -373,7 +310,7 @@ def test_a_tool_called_directly_refuses():
         tool(mid="m", text="x")
 
 
-def test_a_live_attempt_is_not_superseded_unless_told():
+def test_a_live_attempt_is_not_superseded_unless_told(make):
     beat = (datetime.now(UTC) - timedelta(seconds=12.2)).isoformat()
     peer = base_peer().on("POST /runs", refusal("already_running", attempt=1, heartbeat_at=beat))
     peer.on("GET /runs", (200, {"items": [{**RUN, "heartbeat_timeout": 90}], "next_cursor": None}))
@@ -394,7 +331,7 @@ def test_a_live_attempt_is_not_superseded_unless_told():
     assert (raised.value.code, raised.value.status) == ("already_running", 409)
 
 
-def test_supersede_true_names_the_live_attempt():
+def test_supersede_true_names_the_live_attempt(make):
     fresh = datetime.now(UTC).isoformat()
     peer = base_peer().on(
         "POST /runs", refusal("already_running", attempt=3, heartbeat_at=fresh), (200, started(4))
@@ -412,7 +349,7 @@ def test_supersede_true_names_the_live_attempt():
 
 @pytest.mark.parametrize(("age", "supersedes"), [(10, False), (120, True)])
 def test_supersede_stale_supersedes_only_an_attempt_older_than_its_heartbeat_timeout(
-    age, supersedes
+    age, supersedes, make
 ):
     beat = (datetime.now(UTC) - timedelta(seconds=age)).isoformat()
     peer = base_peer().on(
@@ -434,7 +371,7 @@ def test_supersede_stale_supersedes_only_an_attempt_older_than_its_heartbeat_tim
         )
 
 
-def test_supersede_true_that_loses_to_another_start_says_so_in_the_clients_terms():
+def test_supersede_true_that_loses_to_another_start_says_so_in_the_clients_terms(make):
     fresh = datetime.now(UTC).isoformat()
     peer = base_peer().on(
         "POST /runs",
@@ -454,7 +391,7 @@ def test_supersede_true_that_loses_to_another_start_says_so_in_the_clients_terms
     )
 
 
-def test_a_blocked_restart_raises_restart_blocked_with_the_verdict():
+def test_a_blocked_restart_raises_restart_blocked_with_the_verdict(make):
     verdict = {"safe": False, "policy": "keyed", "blocking": [{"reason": "unkeyed_effect"}]}
     peer = base_peer().on("POST /runs", refusal("restart_blocked", verdict=verdict))
     client = make(peer)
@@ -468,7 +405,7 @@ def test_a_blocked_restart_raises_restart_blocked_with_the_verdict():
 def test_a_superseded_heartbeat_stops_the_block_at_the_next_call_without_finishing():
     peer = base_peer().on("POST /runs/run-1/heartbeat", refusal("attempt_superseded"))
     peer.on("POST /runs", (201, {**started(), "run": {**RUN, "heartbeat_timeout": 1.5}}))
-    client, ran = make(peer), []
+    client, ran = ss.Client("http://startsafe.test", "tok", **client_options(peer)), []
     tool = reply_tool(client, ran)
 
     with pytest.raises(ss.AttemptSuperseded), client.run("t-1") as run:
@@ -482,19 +419,21 @@ def test_a_superseded_heartbeat_stops_the_block_at_the_next_call_without_finishi
 
 
 @pytest.mark.parametrize("token", ["", "   ", None])
-def test_an_empty_token_is_refused_with_what_to_do(token):
+@pytest.mark.parametrize("cls", [ss.Client, ss.AsyncClient])
+def test_an_empty_token_is_refused_with_what_to_do(cls, token):
     """``STARTSAFE_TOKEN=$(manage.py create_agent ...)`` is empty when that command
     failed: the client says so instead of sending ``Bearer`` with nothing."""
     with pytest.raises(ValueError, match="create_agent") as refused:
-        ss.Client("http://127.0.0.1:8000", token)
+        cls("http://127.0.0.1:8000", token)
 
     assert "empty" in str(refused.value)
 
 
-def test_a_token_with_spaces_or_lines_is_refused():
+@pytest.mark.parametrize("cls", [ss.Client, ss.AsyncClient])
+def test_a_token_with_spaces_or_lines_is_refused(cls):
     """The whole output of create_agent pasted in, not only the token on its last line."""
     with pytest.raises(ValueError, match="only the token"):
-        ss.Client("http://127.0.0.1:8000", "Created agent x. Its token:\nss_abc")
+        cls("http://127.0.0.1:8000", "Created agent x. Its token:\nss_abc")
 
 
 @pytest.mark.parametrize("argv", [["--token", ""], []])

@@ -1,7 +1,9 @@
 """The client's HTTP layer: retries with back-off, one Idempotency-Key per logical POST,
 and a typed exception for every error code of the contract.
 
-The server is faked with ``httpx.MockTransport`` (a scripted HTTP peer); the live
+Every test runs for ``Client`` and for ``AsyncClient`` (``new_client``): the rules
+are the protocol core's, written once. The server is faked with
+``httpx.MockTransport`` (a scripted HTTP peer, which serves both clients); the live
 behaviour is in ``test_client_live.py``.
 """
 
@@ -44,21 +46,28 @@ def error(status: int, code: str, **details) -> httpx.Response:
     )
 
 
-def make_client(script: Script, **options) -> tuple[ss.Client, list[float]]:
-    slept: list[float] = []
-    client = ss.Client(
-        "http://startsafe.test/",
-        "sst_secret",
-        transport=httpx.MockTransport(script),
-        sleep=slept.append,
-        **options,
-    )
-    return client, slept
+@pytest.fixture
+def scripted(new_client):
+    """``scripted(script, **options)``: a client of either kind talking to ``script``, and
+    the list of the pauses it took (its ``sleep``)."""
+
+    def make(script: Script, **options) -> tuple[ss.Client, list[float]]:
+        slept: list[float] = []
+        client = new_client(
+            "http://startsafe.test/",
+            "sst_secret",
+            transport=httpx.MockTransport(script),
+            sleep=slept.append,
+            **options,
+        )
+        return client, slept
+
+    return make
 
 
-def test_a_post_carries_an_idempotency_key_and_the_bearer_token():
+def test_a_post_carries_an_idempotency_key_and_the_bearer_token(scripted):
     script = Script(httpx.Response(201, json={"ok": True}))
-    client, _ = make_client(script)
+    client, _ = scripted(script)
 
     assert client.post("/runs", {"run_key": "t-1"}) == {"ok": True}
 
@@ -69,10 +78,12 @@ def test_a_post_carries_an_idempotency_key_and_the_bearer_token():
     assert json.loads(request.content) == {"run_key": "t-1"}
 
 
-def test_a_base_url_ending_in_the_api_prefix_is_accepted():
+def test_a_base_url_ending_in_the_api_prefix_is_accepted(scripted, new_client):
     script = Script(httpx.Response(200, json={}))
-    client, _ = make_client(script)
-    client2 = ss.Client("http://startsafe.test/api/v1/", "t", transport=httpx.MockTransport(script))
+    client, _ = scripted(script)
+    client2 = new_client(
+        "http://startsafe.test/api/v1/", "t", transport=httpx.MockTransport(script)
+    )
 
     client2.get("/runs")
 
@@ -80,9 +91,9 @@ def test_a_base_url_ending_in_the_api_prefix_is_accepted():
     assert script.requests[0].url.path == "/api/v1/runs"
 
 
-def test_a_get_carries_no_idempotency_key():
+def test_a_get_carries_no_idempotency_key(scripted):
     script = Script(httpx.Response(200, json={"items": [], "next_cursor": None}))
-    client, _ = make_client(script)
+    client, _ = scripted(script)
 
     client.list_runs(run_key="t-1", status=None)
 
@@ -90,13 +101,13 @@ def test_a_get_carries_no_idempotency_key():
     assert dict(script.requests[0].url.params) == {"run_key": "t-1"}
 
 
-def test_a_network_error_is_retried_with_the_same_idempotency_key():
+def test_a_network_error_is_retried_with_the_same_idempotency_key(scripted):
     script = Script(
         httpx.ConnectError("refused"),
         httpx.ReadTimeout("lost the answer"),
         httpx.Response(201, json={"ok": True}),
     )
-    client, slept = make_client(script)
+    client, slept = scripted(script)
 
     assert client.post("/runs/r/calls", {"attempt": 1}) == {"ok": True}
 
@@ -106,13 +117,13 @@ def test_a_network_error_is_retried_with_the_same_idempotency_key():
     assert len(slept) == 2
 
 
-def test_a_5xx_is_retried_and_two_logical_posts_get_two_keys():
+def test_a_5xx_is_retried_and_two_logical_posts_get_two_keys(scripted):
     script = Script(
         httpx.Response(502, text="bad gateway"),
         httpx.Response(200, json={"n": 1}),
         httpx.Response(200, json={"n": 2}),
     )
-    client, _ = make_client(script)
+    client, _ = scripted(script)
 
     client.post("/runs/r/heartbeat", {"attempt": 1})
     client.post("/runs/r/heartbeat", {"attempt": 1})
@@ -121,9 +132,9 @@ def test_a_5xx_is_retried_and_two_logical_posts_get_two_keys():
     assert script.keys[1] != script.keys[2]
 
 
-def test_back_off_grows_exponentially_up_to_its_cap():
+def test_back_off_grows_exponentially_up_to_its_cap(scripted):
     script = Script(*[httpx.ConnectError("down")] * 6)
-    client, slept = make_client(script, max_retries=5, backoff=1.0, backoff_max=4.0)
+    client, slept = scripted(script, max_retries=5, backoff=1.0, backoff_max=4.0)
 
     with pytest.raises(ss.ServiceUnavailable):
         client.post("/runs", {"run_key": "t"})
@@ -133,9 +144,9 @@ def test_back_off_grows_exponentially_up_to_its_cap():
         assert ceiling / 2 <= delay <= ceiling
 
 
-def test_retries_running_out_raise_service_unavailable_with_the_last_status():
+def test_retries_running_out_raise_service_unavailable_with_the_last_status(scripted):
     script = Script(*[httpx.Response(503, text="down")] * 3)
-    client, _ = make_client(script, max_retries=2)
+    client, _ = scripted(script, max_retries=2)
 
     with pytest.raises(ss.ServiceUnavailable) as raised:
         client.get("/runs")
@@ -145,9 +156,9 @@ def test_retries_running_out_raise_service_unavailable_with_the_last_status():
     assert len(script.requests) == 3
 
 
-def test_a_4xx_is_never_retried():
+def test_a_4xx_is_never_retried(scripted):
     script = Script(error(409, "key_conflict", tool="send_reply"))
-    client, slept = make_client(script)
+    client, slept = scripted(script)
 
     with pytest.raises(ss.KeyConflict) as raised:
         client.post("/runs/r/calls", {"attempt": 1})
@@ -158,21 +169,21 @@ def test_a_4xx_is_never_retried():
     assert raised.value.status == 409
 
 
-def test_request_in_progress_is_retried_after_a_pause_with_the_same_key():
+def test_request_in_progress_is_retried_after_a_pause_with_the_same_key(scripted):
     script = Script(
         error(409, "request_in_progress"),
         httpx.Response(201, json={"ok": True}),
     )
-    client, slept = make_client(script)
+    client, slept = scripted(script)
 
     assert client.post("/runs", {"run_key": "t"}) == {"ok": True}
     assert script.keys[0] == script.keys[1]
     assert len(slept) == 1
 
 
-def test_request_in_progress_is_raised_when_retries_run_out():
+def test_request_in_progress_is_raised_when_retries_run_out(scripted):
     script = Script(*[error(409, "request_in_progress")] * 2)
-    client, _ = make_client(script, max_retries=1)
+    client, _ = scripted(script, max_retries=1)
 
     with pytest.raises(ss.RequestInProgress):
         client.post("/runs", {"run_key": "t"})
@@ -184,9 +195,9 @@ def rate_limited(retry_after: int) -> httpx.Response:
     return answer
 
 
-def test_a_429_is_retried_after_the_servers_retry_after_with_the_same_key():
+def test_a_429_is_retried_after_the_servers_retry_after_with_the_same_key(scripted):
     script = Script(rate_limited(7), httpx.Response(201, json={"ok": True}))
-    client, slept = make_client(script, backoff=0.1, backoff_max=30)
+    client, slept = scripted(script, backoff=0.1, backoff_max=30)
 
     assert client.post("/runs", {"run_key": "t"}) == {"ok": True}
     assert script.keys[0] == script.keys[1]
@@ -194,17 +205,17 @@ def test_a_429_is_retried_after_the_servers_retry_after_with_the_same_key():
     assert slept == [7.0]
 
 
-def test_a_429_wait_is_capped_by_backoff_max():
+def test_a_429_wait_is_capped_by_backoff_max(scripted):
     script = Script(rate_limited(3600), httpx.Response(200, json={"ok": True}))
-    client, slept = make_client(script, backoff_max=5)
+    client, slept = scripted(script, backoff_max=5)
 
     client.get("/runs")
     assert slept == [5.0]
 
 
-def test_rate_limited_is_raised_with_the_advice_when_retries_run_out():
+def test_rate_limited_is_raised_with_the_advice_when_retries_run_out(scripted):
     script = Script(*[rate_limited(2)] * 3)
-    client, slept = make_client(script, max_retries=2, backoff=0.01)
+    client, slept = scripted(script, max_retries=2, backoff=0.01)
 
     with pytest.raises(ss.RateLimited) as raised:
         client.post("/runs", {"run_key": "t"})
@@ -229,9 +240,9 @@ def test_rate_limited_is_raised_with_the_advice_when_retries_run_out():
         (413, "payload_too_large", ss.PayloadTooLarge),
     ],
 )
-def test_every_error_code_of_the_contract_has_its_exception(status, code, cls):
+def test_every_error_code_of_the_contract_has_its_exception(status, code, cls, scripted):
     script = Script(error(status, code, field="x"))
-    client, _ = make_client(script)
+    client, _ = scripted(script)
 
     with pytest.raises(cls) as raised:
         client.post("/runs", {"run_key": "t"})
@@ -271,9 +282,9 @@ def test_the_typed_details_are_at_hand():
     )
 
 
-def test_an_answer_without_the_error_body_is_still_a_startsafe_error():
+def test_an_answer_without_the_error_body_is_still_a_startsafe_error(scripted):
     script = Script(httpx.Response(404, text="<html>not here</html>"))
-    client, _ = make_client(script)
+    client, _ = scripted(script)
 
     with pytest.raises(ss.StartsafeError) as raised:
         client.get("/nowhere")
@@ -282,14 +293,14 @@ def test_an_answer_without_the_error_body_is_still_a_startsafe_error():
     assert raised.value.status == 404
 
 
-def test_a_poll_sends_if_none_match_and_reads_a_304_as_unchanged():
+def test_a_poll_sends_if_none_match_and_reads_a_304_as_unchanged(scripted):
     script = Script(
         httpx.Response(
             200, json={"effect": {"id": "e"}, "action": "wait"}, headers={"ETag": '"7"'}
         ),
         httpx.Response(304),
     )
-    client, _ = make_client(script)
+    client, _ = scripted(script)
 
     first, etag = client.poll_effect("e", None)
     second, etag2 = client.poll_effect("e", etag)

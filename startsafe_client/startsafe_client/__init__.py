@@ -12,15 +12,17 @@
     with client.run("ticket-4812", supersede="stale") as run:
         run.call(send_reply, message_id=msg_id, body=text)
 
-The client drives one protocol core (:mod:`startsafe_client.protocol`,
-:mod:`startsafe_client.attempt`), written as steps that do no I/O themselves.
+:class:`AsyncClient` is the same client for ``asyncio`` (``async with client.run(...)``,
+``await run.call(...)``); both drive one protocol core
+(:mod:`startsafe_client.protocol`, :mod:`startsafe_client.attempt`).
 
-Importable without Django; its only dependency is ``httpx``. See the README's
-section "For agent developers".
+Importable without Django or any agent framework; its only dependency is
+``httpx``. See the README's section "For agent developers".
 """
 
 from __future__ import annotations
 
+from .aio import AsyncClient, AsyncRun
 from .client import Client
 from .errors import (
     AlreadyRunning,
@@ -52,6 +54,8 @@ from .specs import Reconciliation, Tool
 __all__ = [
     "AlreadyRunning",
     "ApprovalTimeout",
+    "AsyncClient",
+    "AsyncRun",
     "AttemptStopped",
     "AttemptSuperseded",
     "ClaimConflict",

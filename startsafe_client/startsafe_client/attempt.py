@@ -20,7 +20,8 @@ what happens (api.md, "Action"):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -258,6 +259,8 @@ class RunCore:
         """Record the call (after the key rule found a key), then act on the answer."""
         self.check()
         args = dict(given)
+        if _is_async(tool.fn) and not self.client.awaits_tools:
+            raise TypeError(f"tool {tool.name!r} is async def: call it through AsyncClient")
         body = self._call_body(tool, args)  # a ValueError here records nothing
         answer = yield from self.client._post(f"/runs/{self.id}/calls", body)
         self.journal.append(answer["call"])
@@ -435,6 +438,14 @@ class RunCore:
 def _invoke(tool: Tool, args: dict[str, Any]) -> Invoke:
     """The operation that runs the tool with these arguments."""
     return Invoke(tool.fn, kwargs=args)
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` gives a coroutine (``async def``, a partial of one, or an
+    object whose ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 (a callable object's own method)
+    )
 
 
 def _blocked_message(tool: Tool, effect: dict[str, Any]) -> str:

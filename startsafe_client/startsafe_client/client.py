@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 from typing import Any
 
@@ -29,15 +30,17 @@ class Client(ClientCore):
 
     Takes the options of :class:`~startsafe_client.protocol.ClientCore` (``base_url``,
     ``token``, ``timeout``, ``max_retries``, ``backoff``, ``backoff_max``,
-    ``poll_interval``, ``poll_max_interval``, ``approval_timeout``, ``on_wait``,
-    ``transport``, ``sleep``, ``clock``); every method of the contract answers
-    directly.
+    ``poll_interval``, ``poll_max_interval``, ``approval_timeout``,
+    ``max_connections``, ``on_wait``, ``transport``, ``sleep``, ``clock``); every
+    method of the contract answers directly. :class:`AsyncClient` is the same client
+    for ``asyncio``.
 
     The client is thread-safe: the run context's heartbeat thread shares it.
     """
 
     _default_sleep = staticmethod(time.sleep)
     _http_class = httpx.Client
+    _gate_class = threading.BoundedSemaphore
     _run_class = Run
 
     def _drive(self, steps: Steps[T]) -> T:
@@ -49,7 +52,8 @@ class Client(ClientCore):
 
     def _perform(self, op: Op) -> Any:
         if isinstance(op, Send):
-            return self._http.request(**op.request_args())
+            with self._sending:
+                return self._http.request(**op.request_args())
         if isinstance(op, Sleep):
             return self.sleep(op.seconds)
         return _call_here(op)

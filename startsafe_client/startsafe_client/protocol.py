@@ -195,6 +195,11 @@ class ClientCore:
             by half per poll up to ``poll_max_interval``.
         approval_timeout: how long a tool call waits for a decision (approval, or
             another attempt's effect in flight) before :class:`ApprovalTimeout`.
+        max_connections: how many requests are sent at once; more wait their turn
+            in the client (on a semaphore), so httpcore's connection pool never holds
+            a queue: it rescans every connection for every queued request on each
+            change (encode/httpcore#1035), which under :class:`AsyncClient` would run
+            on the event loop. Idle connections are all kept alive for reuse.
         on_wait: called with a :class:`Waiting` once per tool call that begins to
             wait, e.g. to print the console address of the effect a person must
             decide (the client itself prints nothing).
@@ -212,7 +217,9 @@ class ClientCore:
 
     _default_sleep: Callable[[float], Any]
     _http_class: type[httpx.Client] | type[httpx.AsyncClient]
+    _gate_class: Callable[[int], Any]  # a semaphore of the transport's kind
     _run_class: type[RunCore]
+    awaits_tools: bool = False  # whether an ``async def`` tool can be called
 
     def __init__(
         self,
@@ -226,6 +233,7 @@ class ClientCore:
         poll_interval: float = 2.0,
         poll_max_interval: float = 15.0,
         approval_timeout: float = 300.0,
+        max_connections: int = 20,
         on_wait: Callable[[Waiting], Any] | None = None,
         transport: Any = None,
         sleep: Callable[[float], Any] | None = None,
@@ -242,13 +250,18 @@ class ClientCore:
         self.poll_interval = poll_interval
         self.poll_max_interval = poll_max_interval
         self.approval_timeout = approval_timeout
+        self.max_connections = max_connections
         self.on_wait = on_wait
         self.sleep = sleep or type(self)._default_sleep
         self.clock = clock
+        self._sending = type(self)._gate_class(max_connections)
         self._http = self._http_class(
             base_url=base + API_PREFIX,
             headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
             timeout=timeout,
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
             transport=transport,
         )
 
