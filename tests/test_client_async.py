@@ -1,6 +1,6 @@
 """What only the asyncio client does: ``async def`` tools awaited on the loop and plain
 ones in a worker thread, several calls of one run in flight at once, heartbeats from
-an asyncio task.
+an asyncio task, and a cancelled block that ends its attempt.
 
 Everything the two clients share (each answer, retries, the exception rule) is
 tested once for both in ``test_client_flow.py``, ``test_client_retries.py`` and
@@ -118,6 +118,38 @@ def test_a_superseded_heartbeat_task_stops_the_block_at_the_next_call_without_fi
     assert len(peer.bodies("POST", "/runs/run-1/heartbeat")) == 1
     assert peer.bodies("POST", "/runs/run-1/calls") == []
     assert peer.bodies("POST", "/runs/run-1/finish") == []
+
+
+def test_a_cancelled_block_ends_the_attempt_failed_and_reports_nothing():
+    """A task cancelled while its tool runs is an exception like any other: the effect
+    is not reported (it may have happened), and the attempt ends failed."""
+    peer = executing(base_peer(), "eff-1")
+    peer.on("POST /runs/run-1/finish", (200, {"run": {**RUN, "status": "failed"}}))
+    client = async_client(peer)
+    sending = asyncio.Event()
+
+    @client.tool(**keyed("reply"))
+    async def send_reply(n: int) -> dict:
+        sending.set()
+        await asyncio.sleep(30)  # the provider is slow to answer
+        return {}
+
+    async def agent() -> None:
+        async with client.run("t-1") as run:
+            await run.call(send_reply, n=1)
+
+    async def main() -> None:
+        task = asyncio.create_task(agent())
+        await sending.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+
+    assert peer.bodies("POST", "/effects/eff-1/complete") == []
+    finish = peer.bodies("POST", "/runs/run-1/finish")
+    assert [f["outcome"] for f in finish] == ["failed"] and "CancelledError" in finish[0]["error"]
 
 
 def test_the_sync_client_refuses_an_async_tool_before_recording_it():

@@ -1,5 +1,6 @@
 """The client against the real API on a live server (PostgreSQL): the run context, each
-action, and a network error between the server's answer and the client.
+action, a network error between the server's answer and the client, and the rule for
+a tool's exceptions (for both clients, through their one protocol core).
 
 Decisions a person takes are made through ``approvals.decisions`` from the client's
 ``sleep`` hook, so the poll sees them without threads.
@@ -19,6 +20,11 @@ import pytest
 import startsafe_client as ss
 from approvals.decisions import approve_effect, mark_effect_done, reject_effect
 from runs.models import Attempt, Call, Effect, Run
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+import ledger  # noqa: E402 (examples/ledger.py: the provider's log the tools write)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -397,9 +403,6 @@ def test_over_the_rate_limit_the_client_waits_retry_after_and_nothing_runs_twice
     assert any(w >= 1 for w in waits)
 
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
 def test_the_example_prints_the_console_address_of_the_effect_it_waits_for_once(
     live_server, agent, operator, tmp_path
 ):
@@ -441,3 +444,100 @@ def test_the_example_prints_the_console_address_of_the_effect_it_waits_for_once(
     assert output.count(address) == 1, output
     assert "send_campaign: waiting (awaiting_approval, up to 30 s) for a decision at" in output
     assert Effect.objects.get(pk=campaign.pk).status == "done"
+
+
+# --- An exception is not proof that nothing happened (both clients) ------------------
+
+
+def campaign_key(args: dict) -> ss.Key:
+    return ss.intent_key("campaign", campaign_id=args["campaign_id"])
+
+
+@pytest.mark.parametrize("settled_by", ["its lookup", "a person"])
+def test_a_tool_that_raises_after_its_effect_is_not_run_again_by_the_next_attempt(
+    settled_by, live_server, agent, operator, new_client, tmp_path
+):
+    """The ESP took the campaign (its log has the line), then the answer timed out.
+    The exception is not reported: the attempt ends failed, the effect becomes unknown,
+    and the next attempt reconciles it, or waits for a person: it never sends twice."""
+    esp_log = tmp_path / "ledger.jsonl"
+    client = new_client(live_server.url, agent.token, backoff=0.01, poll_interval=0.05)
+    timeouts = [TimeoutError("the ESP took the campaign, then its answer timed out")]
+
+    def in_the_esp_log(args: dict, key: str | None) -> ss.Reconciliation:
+        found = ledger.find(esp_log, "campaign", args["campaign_id"])
+        if found:
+            return ss.Reconciliation.done(f"ESP log line {found[0]}", {"line": found[0]})
+        return ss.Reconciliation.not_done("ESP log read in full: not sent")
+
+    lookup = in_the_esp_log if settled_by == "its lookup" else None
+
+    @client.tool(kind="effect", key=campaign_key, reconcile=lookup)
+    def send_campaign(campaign_id: str, subject: str) -> dict:
+        ledger.append(esp_log, "campaign", campaign_id, {"subject": subject})
+        if timeouts:
+            raise timeouts.pop()
+        return {"sent": subject}
+
+    with pytest.raises(TimeoutError), client.run("ticket-raise") as run:
+        run.call(send_campaign, campaign_id="winter", subject="Winter sale")
+
+    effect = effect_now("campaign:winter")
+    assert effect.status == "unknown"  # not failed: nothing said it did not happen
+    assert Attempt.objects.get(run_id=run.id, number=1).status == "failed"
+
+    if settled_by == "its lookup":
+        with client.run("ticket-raise") as run:
+            assert run.attempt == 2
+            result = run.call(send_campaign, campaign_id="winter", subject="Winter sale!")
+        assert result == {"line": 1}
+        assert effect_now("campaign:winter").decision["verb"] == "reconciled"
+    else:
+        with pytest.raises(ss.OutcomeUnknown), client.run("ticket-raise") as run:
+            run.call(send_campaign, campaign_id="winter", subject="Winter sale!")
+        effect = effect_now("campaign:winter")
+        assert effect.status == "unknown"
+        mark_effect_done(operator, effect.id, args_hash=effect.args_hash, note="in the ESP log")
+        with client.run("ticket-raise") as run:
+            run.call(send_campaign, campaign_id="winter", subject="Winter sale, again")
+            assert run.journal[-1]["action"] == "skip"
+
+    assert ledger.counts(esp_log) == {("campaign", "winter"): 1}
+    assert effect_now("campaign:winter").status == "done"
+
+
+@pytest.mark.parametrize(
+    ("refusal", "options"),
+    [
+        (ss.NotPerformed("the ESP refused the connection"), {}),
+        (ConnectionRefusedError("the ESP refused"), {"not_performed": (ConnectionRefusedError,)}),
+    ],
+    ids=["NotPerformed", "a declared type"],
+)
+def test_a_tool_that_says_it_sent_nothing_is_run_again_by_the_next_attempt(
+    refusal, options, live_server, agent, new_client, tmp_path
+):
+    esp_log = tmp_path / "ledger.jsonl"
+    client = new_client(live_server.url, agent.token, backoff=0.01)
+    refusals = [refusal]
+
+    @client.tool(kind="effect", key=campaign_key, **options)
+    def send_campaign(campaign_id: str, subject: str) -> dict:
+        if refusals:
+            raise refusals.pop()  # refused before anything was sent
+        ledger.append(esp_log, "campaign", campaign_id, {"subject": subject})
+        return {"sent": subject}
+
+    with pytest.raises(type(refusal)), client.run("ticket-refused") as run:
+        run.call(send_campaign, campaign_id="winter", subject="Winter sale")
+    effect = effect_now("campaign:winter")
+    assert effect.status == "failed" and "refused" in effect.error
+
+    with client.run("ticket-refused") as run:
+        # It runs again, with this call's arguments: a failed effect takes a revision.
+        assert run.call(send_campaign, campaign_id="winter", subject="Winter sale!") == {
+            "sent": "Winter sale!"
+        }
+
+    assert ledger.counts(esp_log) == {("campaign", "winter"): 1}
+    assert effect_now("campaign:winter").status == "done"

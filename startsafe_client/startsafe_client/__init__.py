@@ -16,6 +16,10 @@
 ``await run.call(...)``); both drive one protocol core
 (:mod:`startsafe_client.protocol`, :mod:`startsafe_client.attempt`).
 
+**An exception is not proof that nothing happened**: an effect's tool that raises
+leaves the effect's outcome unknown (not reported); only :class:`NotPerformed`
+reports it ``failed`` so that it runs again.
+
 Importable without Django or any agent framework; its only dependency is
 ``httpx``. See the README's section "For agent developers".
 """
@@ -36,6 +40,7 @@ from .errors import (
     InvalidRequest,
     KeyConflict,
     NotFound,
+    NotPerformed,
     OutcomeUnknown,
     PayloadTooLarge,
     RateLimited,
@@ -67,6 +72,7 @@ __all__ = [
     "Key",
     "KeyConflict",
     "NotFound",
+    "NotPerformed",
     "OutcomeUnknown",
     "PayloadTooLarge",
     "RateLimited",

@@ -8,14 +8,21 @@ what happens (api.md, "Action"):
 
 - ``execute`` — the tool runs with ``effect.args`` from the answer (the version to
   execute, possibly edited by an operator), not with what the model generated this
-  time; its result is reported ``done`` (or ``failed`` with the error, which is
-  re-raised);
+  time; its result is reported ``done``;
 - ``skip`` — already done: the recorded result is returned, nothing runs;
 - ``wait`` — bounded polling of the effect (with ``ETag``/``If-None-Match``) until
   it can be claimed (then it executes), is done (skip), blocked or in review;
 - ``review`` — its outcome is unknown: the spec's reconcile lookup settles it, or
   :class:`OutcomeUnknown` is raised for a person to decide;
 - ``blocked`` — :class:`EffectBlocked`, with the decision's note for the model.
+
+**An exception is not proof that nothing happened.** When an effect's tool raises,
+the effect is *not* reported: a tool that sent the e-mail and then timed out
+reading the answer did the effect. The exception propagates; the attempt ends
+(the run context finishes it ``failed``) and the server makes the effect
+``unknown``, so the next attempt reconciles it or a person decides. Only a tool
+that raises :class:`NotPerformed` (or a type its spec lists in ``not_performed``)
+has the effect reported ``failed``, and the next call of that key runs it again.
 """
 
 from __future__ import annotations
@@ -108,7 +115,10 @@ class RunCore:
             ApprovalTimeout: the bounded wait for a decision ran out.
             OutcomeUnknown: in review and the tool has no lookup (or it could not tell).
             AttemptSuperseded, RunFinished: this attempt must stop.
-            Any exception of the tool's function, after reporting the effect failed.
+            NotPerformed (or a type of the spec's ``not_performed``): the tool sent
+                nothing; the effect was reported ``failed`` and may run again.
+            Any other exception of the tool, unreported: the effect's outcome is
+                unknown until the next attempt reconciles it or a person decides.
         """
         if not isinstance(tool, Tool):
             raise TypeError("run.call takes a tool declared with @client.tool")
@@ -339,12 +349,23 @@ class RunCore:
                 raise StartsafeError(f"unexpected action {action!r}", code="unexpected")
 
     def _execute(self, tool: Tool, effect: dict[str, Any]) -> Steps[dict[str, Any]]:
-        """Run the tool with the effect's recorded args, then report the outcome."""
+        """Run the tool with the effect's recorded args, then report what is known.
+
+        1. The tool returns: its result is reported ``done``.
+        2. It raises :class:`NotPerformed` (or a type of the spec's
+           ``not_performed``): nothing was sent, so it is reported ``failed``.
+        3. It raises anything else: **not reported** (an exception is not proof that
+           nothing happened); the exception goes on, and the effect becomes
+           ``unknown`` when the attempt ends.
+        """
         complete = f"/effects/{effect['id']}/complete"
         base = {"run_id": self.id, "attempt": self.attempt}
         try:
             value = yield _invoke(tool, effect.get("args") or {})
         except Exception as exc:
+            if not tool.spec.performed_nothing(exc):
+                _note_unreported(exc, tool, effect, self.client.console_url(effect["id"]))
+                raise
             error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_TEXT]
             try:
                 yield from self.client._post(
@@ -446,6 +467,18 @@ def _is_async(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 (a callable object's own method)
     )
+
+
+def _note_unreported(exc: BaseException, tool: Tool, effect: dict[str, Any], url: str) -> None:
+    """Say on the exception (Python 3.11's notes) why the effect was not reported."""
+    add_note = getattr(exc, "add_note", None)
+    if add_note is not None:
+        add_note(
+            f"startsafe: {tool.name} raised, so effect {effect['id']} was not reported: an "
+            "exception is not proof that nothing happened. It becomes unknown when this "
+            f"attempt ends; the next attempt reconciles it, or a person decides at {url}. "
+            "A tool that sent nothing raises NotPerformed to have it run again."
+        )
 
 
 def _blocked_message(tool: Tool, effect: dict[str, Any]) -> str:

@@ -25,6 +25,12 @@ EffectBlocked            rejected or expired: never perform it; hand ``note`` to
 ApprovalTimeout          nobody decided within the bounded wait: stop, run again later
 OutcomeUnknown           it may or may not have happened: a person decides in the console
 =======================  ==================================================================
+
+One exception goes the other way: :class:`NotPerformed` is raised by a *tool*, to
+say that it sent nothing (so the effect is reported ``failed`` and may run again).
+Any other exception from an effect's tool is not proof that nothing happened: the
+client does not report it, and the effect's outcome stays unknown until the next
+attempt reconciles it or a person decides.
 """
 
 from __future__ import annotations
@@ -246,6 +252,27 @@ def error_from_answer(status: int, body: Any) -> StartsafeError:
 
 
 # --- What a tool call can end in -----------------------------------------------
+
+
+class NotPerformed(Exception):
+    """Raised by a tool to say that it sent nothing: the effect did not happen.
+
+    **An exception is not proof that nothing happened.** A tool that sent the
+    e-mail and then timed out reading the answer did the effect, so the client
+    never reports an ordinary exception from an effect's tool: the effect stays in
+    flight, becomes ``unknown`` when the attempt ends, and the next attempt
+    reconciles it (or a person decides). Only ``NotPerformed`` (or an exception type
+    the spec declares with ``effect(not_performed=...)``) is reported ``failed``, so
+    the next call of that key runs the tool again.
+
+    Raise it only where nothing can have left the process yet::
+
+        try:
+            connection = smtp.connect()
+        except OSError as refused:
+            raise NotPerformed("the mail server refused the connection") from refused
+        connection.send(message)  # from here on, an exception leaves it unknown
+    """
 
 
 class EffectError(StartsafeError):

@@ -416,7 +416,7 @@ class ClientCore:
 
         ``kind=`` and the keywords of :class:`ToolSpec` (``key``, ``needs_approval``,
         ``approvals_required``, ``approval_ttl``, ``timeout``, ``preview``,
-        ``reconcile``) declare it::
+        ``reconcile``, ``not_performed``) declare it::
 
             @client.tool(kind="read")
             def lookup_customer(email: str) -> dict: ...

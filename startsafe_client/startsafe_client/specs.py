@@ -2,6 +2,11 @@
 
 ``@client.tool(...)`` builds a :class:`ToolSpec` from its keywords and pairs it with
 the function (a :class:`Tool`).
+
+**An exception is not proof that nothing happened.** An effect's tool that raises
+leaves the effect's outcome unknown (the client does not report it); only
+:class:`~startsafe_client.errors.NotPerformed`, or a type listed in
+``not_performed``, reports it ``failed`` so that it may run again.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .errors import NotPerformed
 from .keys import Key
 
 Args = dict[str, Any]
@@ -68,6 +74,8 @@ class ToolSpec:
         preview: ``args -> str`` (or a fixed text) shown to the approving person.
         reconcile: ``(args, key) -> Reconciliation | None``, looking the effect up
             at the provider when its outcome is unknown.
+        not_performed: exception types the tool raises only before anything was
+            sent; they are reported ``failed`` like :class:`NotPerformed`.
     """
 
     kind: Literal["read", "effect"]
@@ -78,18 +86,31 @@ class ToolSpec:
     timeout: int | None = None
     preview: Callable[[Args], str] | str | None = None
     reconcile: ReconcileLookup | None = None
+    not_performed: tuple[type[BaseException], ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "not_performed", tuple(self.not_performed))
         if self.kind not in ("read", "effect"):
             raise ValueError("kind must be 'read' or 'effect'")
-        if self.kind == "read" and (
-            self.key or self.needs_approval or self.reconcile or self.preview
-        ):
-            raise ValueError("a read takes no key, approval, preview or reconcile lookup")
+        effect_only = (
+            self.key,
+            self.needs_approval,
+            self.reconcile,
+            self.preview,
+            self.not_performed,
+        )
+        if self.kind == "read" and any(effect_only):
+            raise ValueError(
+                "a read takes no key, approval, preview, reconcile lookup or not_performed"
+            )
         if not 1 <= self.approvals_required <= 3:
             raise ValueError("approvals_required must be 1, 2 or 3")
         if self.approvals_required > 1 and not self.needs_approval:
             raise ValueError("approvals_required needs needs_approval=True")
+        if not all(
+            isinstance(t, type) and issubclass(t, BaseException) for t in self.not_performed
+        ):
+            raise TypeError("not_performed takes a tuple of exception types")
 
     def key_for(self, tool: str, args: Args) -> Key | None:
         """The key for these arguments (``None`` for reads and unkeyed effects).
@@ -114,6 +135,10 @@ class ToolSpec:
             return None
         text = self.preview if isinstance(self.preview, str) else self.preview(args)
         return str(text)[:4000]
+
+    def performed_nothing(self, error: BaseException) -> bool:
+        """Whether the tool's exception says that nothing was sent (so report ``failed``)."""
+        return isinstance(error, (NotPerformed, *self.not_performed))
 
 
 @dataclass(frozen=True)
