@@ -91,6 +91,26 @@ def test_several_calls_of_one_run_are_in_flight_at_once():
     assert len(peer.bodies("POST", "/runs/run-1/calls")) == 3
 
 
+def test_the_call_spec_of_an_adapter_awaits_an_async_perform():
+    peer = executing(base_peer(), "eff-1")
+    client = async_client(peer)
+    performed: list[dict] = []
+
+    async def perform(args: dict) -> str:
+        performed.append(args)
+        return "sent"
+
+    async def main() -> dict:
+        async with client.run("t-1") as run:
+            spec = ss.effect(key=lambda a: ss.intent_key("reply", n=a["n"]))
+            return await run.call_spec("send_reply", spec, {"n": 1}, perform)
+
+    asyncio.run(main())
+
+    assert performed == [{"n": 0}]  # effect.args from the answer, not the given n=1
+    assert peer.bodies("POST", "/effects/eff-1/complete")[0]["result"] == {"value": "sent"}
+
+
 def test_a_superseded_heartbeat_task_stops_the_block_at_the_next_call_without_finishing():
     peer = base_peer().on("POST /runs/run-1/heartbeat", refusal("attempt_superseded"))
     peer.on("POST /runs", (201, {**started(), "run": {**RUN, "heartbeat_timeout": 1.5}}))

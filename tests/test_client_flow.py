@@ -190,6 +190,10 @@ def test_a_wait_that_outlasts_the_approval_timeout_raises_approval_timeout(make)
 
     assert raised.value.effect_id == "eff-1"
     assert raised.value.url == "http://startsafe.test/effects/eff-1/"
+    assert raised.value.for_model == (
+        "not performed yet: it waits (awaiting_approval) for a person's decision at "
+        "http://startsafe.test/effects/eff-1/"
+    )
     assert ran == []
     finish = peer.bodies("POST", "/runs/run-1/finish")[0]
     assert finish["outcome"] == "failed" and "approval_timeout" in finish["error"]
@@ -209,6 +213,8 @@ def test_blocked_raises_effect_blocked_with_the_note_for_the_model(make):
             run.call(tool, mid="m-1", text="x")
         assert raised.value.note == "Not to the EU list"
         assert raised.value.final is False
+        # What an adapter hands the model as the tool's output.
+        assert raised.value.for_model == "rejected by an operator: Not to the EU list"
 
     assert ran == []
 
@@ -270,7 +276,42 @@ def test_review_without_a_lookup_or_with_one_that_cannot_tell_is_outcome_unknown
         run.call(tool, mid="m-1", text="x")
 
     assert "/effects/eff-1/" in str(raised.value)
+    assert raised.value.for_model.endswith(
+        "a person decides at http://startsafe.test/effects/eff-1/"
+    )
     assert peer.bodies("POST", "/effects/eff-1/reconcile") == []
+
+
+def test_call_spec_journals_a_tool_known_by_name_and_spec_with_the_effect_args(make):
+    """The adapters' entry: a framework's tool, its spec beside it; ``perform`` gets
+    ``effect.args`` from the answer as one dict, and a replay gets the same value back."""
+    recorded = effect("in_flight", args={"mid": "m-1", "text": "edited by olivia"})
+    peer = base_peer()
+    peer.on(
+        "POST /runs/run-1/calls",
+        (201, call_answer("execute", recorded)),
+        (201, call_answer("skip", effect("done", result={"value": "sent: edited by olivia"}))),
+    )
+    done = {**recorded, "status": "done", "result": {"value": "sent: edited by olivia"}}
+    peer.on("POST /effects/eff-1/complete", (200, {"effect": done}))
+    client, performed = make(peer), []
+    spec = ss.effect(key=lambda a: ss.provider_key("outlook", "message", a["mid"]))
+
+    def perform(args: dict) -> str:
+        performed.append(args)
+        return f"sent: {args['text']}"
+
+    with client.run("t-1") as run:
+        first = run.call_spec("send_reply", spec, {"mid": "m-1", "text": "model"}, perform)
+        again = run.call_spec("send_reply", spec, {"mid": "m-1", "text": "rewritten"}, perform)
+
+    assert performed == [{"mid": "m-1", "text": "edited by olivia"}]
+    assert ss.from_result(first) == ss.from_result(again) == "sent: edited by olivia"
+    assert peer.bodies("POST", "/effects/eff-1/complete")[0]["result"] == {
+        "value": "sent: edited by olivia"
+    }
+    assert [b["tool"] for b in peer.bodies("POST", "/runs/run-1/calls")] == ["send_reply"] * 2
+    assert peer.bodies("POST", "/runs/run-1/calls")[1]["key"] == "outlook:message:m-1"
 
 
 def campaign_tool(client, raises: BaseException, **options) -> ss.Tool:
@@ -337,15 +378,23 @@ def test_a_read_that_raises_reports_nothing_and_re_raises(make):
     assert [p for m, p, _, _ in peer.seen if p.startswith("/effects/")] == []
 
 
-def test_a_key_rule_that_finds_nothing_records_nothing(make):
+@pytest.mark.parametrize(
+    "args", [{"mid": "", "text": "x"}, {"mid": None, "text": "x"}, {"text": "x"}]
+)
+def test_a_key_rule_that_finds_nothing_records_nothing(args, make):
+    """A key is never built from nothing: an empty, None or missing field refuses the
+    call before it is recorded (KeyRefused, a ValueError, with a text for the model)."""
     peer = base_peer()
     client, ran = make(peer), []
     tool = reply_tool(client, ran)
 
-    with client.run("t-1") as run, pytest.raises(ValueError):
-        run.call(tool, mid="", text="x")
+    with client.run("t-1") as run, pytest.raises(ValueError) as refused:
+        run.call(tool, **args)
 
+    assert isinstance(refused.value, ss.KeyRefused) and refused.value.tool == "send_reply"
+    assert "send_reply: no key in these arguments" in refused.value.for_model
     assert peer.bodies("POST", "/runs/run-1/calls") == []
+    assert ran == []
 
 
 def test_a_tool_called_directly_refuses(make):

@@ -2,11 +2,11 @@
 
 ::
 
-    from startsafe_client import Client, provider_key
+    from startsafe_client import Client, effect, provider_key
 
     client = Client("http://127.0.0.1:8000", token)
 
-    @client.tool(kind="effect", key=lambda a: provider_key("outlook", "message", a["message_id"]))
+    @client.tool(effect(key=lambda a: provider_key("outlook", "message", a["message_id"])))
     def send_reply(message_id: str, body: str) -> dict: ...
 
     with client.run("ticket-4812", supersede="stale") as run:
@@ -19,6 +19,10 @@
 **An exception is not proof that nothing happened**: an effect's tool that raises
 leaves the effect's outcome unknown (not reported); only :class:`NotPerformed`
 reports it ``failed`` so that it runs again.
+
+For framework adapters: declare tools with :func:`read` / :func:`effect`, journal
+each call with ``run.call_spec(name, spec, args, perform)``, hand ``for_model`` of
+the exceptions it raises back to the model, and :func:`from_result` on a result.
 
 Importable without Django or any agent framework; its only dependency is
 ``httpx``. See the README's section "For agent developers".
@@ -39,6 +43,7 @@ from .errors import (
     IdempotencyKeyReused,
     InvalidRequest,
     KeyConflict,
+    KeyRefused,
     NotFound,
     NotPerformed,
     OutcomeUnknown,
@@ -54,7 +59,7 @@ from .errors import (
 from .keys import Key, content_key, content_key_of_file, intent_key, provider_key
 from .protocol import Waiting
 from .run import Run
-from .specs import Reconciliation, Tool
+from .specs import Reconciliation, Tool, ToolSpec, as_result, effect, from_result, read
 
 __all__ = [
     "AlreadyRunning",
@@ -71,6 +76,7 @@ __all__ = [
     "InvalidRequest",
     "Key",
     "KeyConflict",
+    "KeyRefused",
     "NotFound",
     "NotPerformed",
     "OutcomeUnknown",
@@ -84,10 +90,15 @@ __all__ = [
     "ServiceUnavailable",
     "StartsafeError",
     "Tool",
+    "ToolSpec",
     "Unauthorized",
     "Waiting",
+    "as_result",
     "content_key",
     "content_key_of_file",
+    "effect",
+    "from_result",
     "intent_key",
     "provider_key",
+    "read",
 ]

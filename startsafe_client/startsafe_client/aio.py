@@ -5,10 +5,10 @@
 
     client = AsyncClient("http://127.0.0.1:8000", token)
 
-    @client.tool(key=lambda a: provider_key("outlook", "message", a["message_id"]))
+    @client.tool(effect(key=lambda a: provider_key("outlook", "message", a["message_id"])))
     async def send_reply(message_id: str, body: str) -> dict: ...
 
-    @client.tool(kind="read")
+    @client.tool(read())
     def lookup_customer(email: str) -> dict: ...  # plain: runs in a worker thread
 
     async with client.run("ticket-4812", supersede="stale") as run:
@@ -42,9 +42,9 @@ from .attempt import RunCore, _is_async
 from .protocol import ClientCore, Driven, Invoke, Op, Send, Sleep, Steps, T
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
-    from .specs import Tool
+    from .specs import Tool, ToolSpec
 
 
 class AsyncRun(RunCore):
@@ -53,13 +53,21 @@ class AsyncRun(RunCore):
     ``async with client.run(run_key, ...) as run:`` behaves as :class:`Run`'s
     ``with``: it starts (or restarts) the run, heartbeats from an asyncio task every
     ``heartbeat_timeout / 3`` seconds, and finishes the attempt ``completed``, or
-    ``failed`` when the block raises (a cancelled task included). ``run.call`` is
-    awaited.
+    ``failed`` when the block raises (a cancelled task included). ``run.call`` and
+    ``run.call_spec`` are awaited.
     """
 
     if TYPE_CHECKING:
 
         async def call(self, tool: Tool, /, **args: Any) -> Any: ...
+
+        async def call_spec(
+            self,
+            name: str,
+            spec: ToolSpec,
+            args: Mapping[str, Any],
+            perform: Callable[[dict[str, Any]], Any],
+        ) -> Any: ...
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -43,7 +43,7 @@ from .errors import (
     StartsafeError,
 )
 from .protocol import Invoke, Sleep, Steps, Waiting
-from .specs import Reconciliation, Tool, as_result
+from .specs import Reconciliation, Tool, ToolSpec, as_result
 
 if TYPE_CHECKING:
     from .protocol import ClientCore
@@ -109,9 +109,9 @@ class RunCore:
         value that is not a dict is recorded as ``{"value": ...}``).
 
         Raises:
-            ValueError: the key rule refused to build a key from nothing; nothing was
+            KeyRefused: the key rule found no key in these arguments; nothing was
                 recorded.
-            EffectBlocked: rejected or expired; ``note`` is meant for the model.
+            EffectBlocked: rejected or expired; ``for_model`` is meant for the model.
             ApprovalTimeout: the bounded wait for a decision ran out.
             OutcomeUnknown: in review and the tool has no lookup (or it could not tell).
             AttemptSuperseded, RunFinished: this attempt must stop.
@@ -122,6 +122,30 @@ class RunCore:
         """
         if not isinstance(tool, Tool):
             raise TypeError("run.call takes a tool declared with @client.tool")
+        return self.client._drive(self._call(tool, args))
+
+    def call_spec(
+        self,
+        name: str,
+        spec: ToolSpec,
+        args: Mapping[str, Any],
+        perform: Callable[[dict[str, Any]], Any],
+    ) -> Any:
+        """Journal one call of a tool known by its name and spec: the adapters' entry.
+
+        Exactly what :meth:`call` does, for a tool that is not a :class:`Tool`: a
+        framework's tool, declared beside it with :func:`read` or :func:`effect`.
+        ``perform`` receives the arguments to run with, as one dict: the arguments
+        given for a read, ``effect.args`` from the ``execute`` answer for an effect
+        (an operator may have edited them). It may be ``async def`` under
+        :class:`AsyncRun` (a plain one runs in a worker thread there).
+
+        Returns what :meth:`call` returns (turn an effect's result dict back into
+        the tool's value with :func:`from_result`) and raises what it raises:
+        :class:`EffectBlocked`, :class:`ApprovalTimeout`, :class:`OutcomeUnknown`
+        and :class:`KeyRefused` carry ``for_model``, the text to hand the model.
+        """
+        tool = Tool(fn=perform, name=name, spec=spec, args_as_dict=True)
         return self.client._drive(self._call(tool, args))
 
     # --- state that needs no I/O ------------------------------------------------------
@@ -271,7 +295,7 @@ class RunCore:
         args = dict(given)
         if _is_async(tool.fn) and not self.client.awaits_tools:
             raise TypeError(f"tool {tool.name!r} is async def: call it through AsyncClient")
-        body = self._call_body(tool, args)  # a ValueError here records nothing
+        body = self._call_body(tool, args)  # a KeyRefused here records nothing
         answer = yield from self.client._post(f"/runs/{self.id}/calls", body)
         self.journal.append(answer["call"])
         if tool.spec.kind == "read":
@@ -458,6 +482,8 @@ class RunCore:
 
 def _invoke(tool: Tool, args: dict[str, Any]) -> Invoke:
     """The operation that runs the tool with these arguments."""
+    if tool.args_as_dict:
+        return Invoke(tool.fn, (args,))
     return Invoke(tool.fn, kwargs=args)
 
 

@@ -5,7 +5,7 @@
 
     client = Client("http://127.0.0.1:8000", token)
 
-    @client.tool(key=lambda a: provider_key("outlook", "message", a["message_id"]))
+    @client.tool(effect(key=lambda a: provider_key("outlook", "message", a["message_id"])))
     def send_reply(message_id: str, body: str) -> dict: ...
 
     with client.run("ticket-4812", supersede="stale") as run:

@@ -24,6 +24,7 @@ ServiceUnavailable       network errors or 5xx outlasted the retries: try again 
 EffectBlocked            rejected or expired: never perform it; hand ``note`` to the model
 ApprovalTimeout          nobody decided within the bounded wait: stop, run again later
 OutcomeUnknown           it may or may not have happened: a person decides in the console
+KeyRefused               the key rule found no key in these arguments: nothing was recorded
 =======================  ==================================================================
 
 One exception goes the other way: :class:`NotPerformed` is raised by a *tool*, to
@@ -31,6 +32,10 @@ say that it sent nothing (so the effect is reported ``failed`` and may run again
 Any other exception from an effect's tool is not proof that nothing happened: the
 client does not report it, and the effect's outcome stays unknown until the next
 attempt reconciles it or a person decides.
+
+The outcomes a model should hear about (:class:`EffectBlocked`,
+:class:`ApprovalTimeout`, :class:`OutcomeUnknown`, :class:`KeyRefused`) say it in
+``for_model``: the text a framework adapter hands back as the tool's output.
 """
 
 from __future__ import annotations
@@ -70,6 +75,11 @@ class StartsafeError(Exception):
     def __str__(self) -> str:
         where = f" (HTTP {self.status})" if self.status else ""
         return f"{self.code}{where}: {self.message}"
+
+    @property
+    def for_model(self) -> str:
+        """The error as the text a framework adapter hands back to the model."""
+        return self.message
 
 
 # --- The contract's error codes ----------------------------------------------
@@ -275,6 +285,22 @@ class NotPerformed(Exception):
     """
 
 
+class KeyRefused(StartsafeError, ValueError):
+    """The key rule found no key in these arguments: the call was refused, nothing recorded.
+
+    A key is never built from nothing: a missing, ``None`` or empty field makes the
+    rule (or the key helpers it calls) refuse, and the call is refused before it is
+    recorded. ``tool`` names the tool. It is a ``ValueError`` too.
+    """
+
+    code = "key_refused"
+
+    @property
+    def tool(self) -> str | None:
+        """The tool whose key rule refused."""
+        return self.details.get("tool")
+
+
 class EffectError(StartsafeError):
     """Base of the outcomes of a tool call that mean "do not perform it now".
 
@@ -294,13 +320,18 @@ class EffectError(StartsafeError):
         """The effect's id, for the console address ``/effects/<id>/``."""
         return self.effect.get("id")
 
+    @property
+    def tool(self) -> str:
+        """The tool whose effect this is."""
+        return str(self.effect.get("tool") or "")
+
 
 class EffectBlocked(EffectError):
     """The effect was rejected or its approval expired: never perform it.
 
     ``note`` is the rejection note written for the model: hand it back so it can
     change course (a revision with other arguments asks for approval again,
-    unless the rejection was final).
+    unless the rejection was final). ``for_model`` says so in one line.
     """
 
     code = "effect_blocked"
@@ -317,6 +348,17 @@ class EffectBlocked(EffectError):
         decision = self.effect.get("decision") or {}
         return bool(decision.get("final"))
 
+    @property
+    def for_model(self) -> str:
+        """``"rejected by an operator: <note>"`` (or why it expired), for the model."""
+        if self.effect.get("status") == "expired":
+            head = "not performed: nobody approved it in time"
+        else:
+            head = "rejected by an operator"
+            if self.final:
+                head += " (final: do not propose it again)"
+        return f"{head}: {self.note}" if self.note else head
+
 
 class ApprovalTimeout(EffectError):
     """The bounded wait ran out while the effect still waited (or awaited review).
@@ -325,6 +367,14 @@ class ApprovalTimeout(EffectError):
     """
 
     code = "approval_timeout"
+
+    @property
+    def for_model(self) -> str:
+        """That it did not run yet, and the console page where a person decides."""
+        return (
+            f"not performed yet: it waits ({self.effect.get('status')}) for a person's "
+            f"decision at {self.url}"
+        )
 
 
 class OutcomeUnknown(EffectError):
@@ -336,3 +386,10 @@ class OutcomeUnknown(EffectError):
     """
 
     code = "outcome_unknown"
+
+    @property
+    def for_model(self) -> str:
+        """That it may have happened, and where a person settles it: do not retry."""
+        return (
+            f"it may or may not have happened; do not try it again: a person decides at {self.url}"
+        )

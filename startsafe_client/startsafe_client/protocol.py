@@ -406,7 +406,7 @@ class ClientCore:
 
     def tool(
         self,
-        fn: Callable[..., Any] | None = None,
+        fn_or_spec: Callable[..., Any] | ToolSpec | None = None,
         *,
         name: str | None = None,
         kind: Literal["read", "effect"] = "effect",
@@ -414,11 +414,12 @@ class ClientCore:
     ) -> Any:
         """Declare a tool once; returns a :class:`Tool` to call with ``run.call``.
 
-        ``kind=`` and the keywords of :class:`ToolSpec` (``key``, ``needs_approval``,
-        ``approvals_required``, ``approval_ttl``, ``timeout``, ``preview``,
-        ``reconcile``, ``not_performed``) declare it::
+        The declaration is a spec (:func:`read`, :func:`effect`), given as the first
+        argument or spelled out as ``kind=`` and the keywords of :func:`effect`
+        (``key``, ``needs_approval``, ``approvals_required``, ``approval_ttl``,
+        ``timeout``, ``preview``, ``reconcile``, ``not_performed``)::
 
-            @client.tool(kind="read")
+            @client.tool(read())
             def lookup_customer(email: str) -> dict: ...
 
             @client.tool(
@@ -432,18 +433,20 @@ class ClientCore:
             def send_campaign(campaign_id: str, subject: str, segment: str) -> dict: ...
 
         ``name`` is the tool's name in the journal (the function's name by default).
-        The key rule receives the arguments the model generated and must build the
-        key from stable intent only (:mod:`startsafe_client.keys`), never from
-        generated content. A reconcile lookup receives the effect's recorded
-        arguments and key; **only a lookup that sees the provider's latest state may
-        answer** :meth:`Reconciliation.not_done`.
+        See :func:`effect` for the key rule, the reconcile lookup and
+        ``not_performed``.
         """
-        spec = ToolSpec(kind=kind, **declaration)
+        if isinstance(fn_or_spec, ToolSpec):
+            if declaration or kind != "effect":
+                raise ValueError("give the declaration once: a spec, or keywords")
+            spec = fn_or_spec
+        else:
+            spec = ToolSpec(kind=kind, **declaration)
 
         def declare(func: Callable[..., Any]) -> Tool:
             return Tool(fn=func, name=name or func.__name__, spec=spec)
 
-        return declare(fn) if fn is not None else declare
+        return declare(fn_or_spec) if callable(fn_or_spec) else declare
 
     def run(self, run_key: str, **options: Any) -> Any:
         """A run context: ``with client.run(...) as run:`` (``async with`` under AsyncClient).

@@ -1,7 +1,29 @@
-"""The declaration of a tool: a read, or an effect with its key rule and approvals.
+"""Declarations beside the tools: a read, or an effect with its key rule and approvals.
 
-``@client.tool(...)`` builds a :class:`ToolSpec` from its keywords and pairs it with
-the function (a :class:`Tool`).
+::
+
+    from startsafe_client import effect, intent_key, provider_key, read
+
+    specs = {
+        "lookup_customer": read(),
+        "send_reply": effect(
+            key=lambda a: provider_key("outlook", "message", a["message_id"]),
+            reconcile=find_reply_in_sent_items,
+        ),
+        "send_campaign": effect(
+            key=lambda a: intent_key("campaign", campaign_id=a["campaign_id"]),
+            needs_approval=True,
+        ),
+    }
+
+A spec says what a tool *is*, never how it runs: ``@client.tool(spec)`` pairs it
+with a function (a :class:`Tool`), and a framework adapter pairs it with the
+framework's own tool through :meth:`Run.call_spec`. The tools' code does not change.
+
+**A key is never built from nothing.** The key rule receives the arguments the
+model generated; when a field it needs is missing, ``None`` or empty, the rule (or
+the key helpers it calls) refuses, and the call is refused with
+:class:`~startsafe_client.errors.KeyRefused` before anything is recorded.
 
 **An exception is not proof that nothing happened.** An effect's tool that raises
 leaves the effect's outcome unknown (the client does not report it); only
@@ -15,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .errors import NotPerformed
+from .errors import KeyRefused, NotPerformed
 from .keys import Key
 
 Args = dict[str, Any]
@@ -116,12 +138,25 @@ class ToolSpec:
         """The key for these arguments (``None`` for reads and unkeyed effects).
 
         Raises:
-            ValueError: the key helpers refuse a key from nothing (an empty part).
+            KeyRefused: the rule found no key (a missing, ``None`` or empty field, or
+                a file it keys on that cannot be read): the call must not be recorded.
             TypeError: the rule returned something other than a :class:`Key`.
         """
         if self.key is None:
             return None
-        key = self.key(args)
+        try:
+            key = self.key(args)
+        except (KeyError, ValueError, OSError) as missing:
+            raise KeyRefused(
+                f"{tool}: no key in these arguments ({type(missing).__name__}: {missing}); "
+                "a key is never built from nothing, so the call was not made",
+                details={"tool": tool},
+            ) from missing
+        if key is None:
+            raise KeyRefused(
+                f"{tool}: the key rule found no key in these arguments; the call was not made",
+                details={"tool": tool},
+            )
         if not isinstance(key, Key):
             raise TypeError(
                 f"tool {tool!r}: the key rule must return a Key (use provider_key, "
@@ -141,6 +176,44 @@ class ToolSpec:
         return isinstance(error, (NotPerformed, *self.not_performed))
 
 
+def read() -> ToolSpec:
+    """A read: journaled, never gated, run again on every call."""
+    return ToolSpec(kind="read")
+
+
+def effect(
+    *,
+    key: Callable[[Args], Key] | None = None,
+    needs_approval: bool = False,
+    approvals_required: int = 1,
+    approval_ttl: int | None = None,
+    timeout: int | None = None,
+    preview: Callable[[Args], str] | str | None = None,
+    reconcile: ReconcileLookup | None = None,
+    not_performed: tuple[type[BaseException], ...] = (),
+) -> ToolSpec:
+    """An effect: recorded before it runs, executed once per key.
+
+    ``key`` receives the arguments the model generated and builds the key from
+    stable intent only (:mod:`startsafe_client.keys`), never from generated content.
+    A reconcile lookup receives the effect's recorded arguments and key; **only a
+    lookup that sees the provider's latest state may answer**
+    :meth:`Reconciliation.not_done`. ``not_performed`` lists the exception types
+    the tool raises only before anything was sent (``(httpx.ConnectError,)``).
+    """
+    return ToolSpec(
+        kind="effect",
+        key=key,
+        needs_approval=needs_approval,
+        approvals_required=approvals_required,
+        approval_ttl=approval_ttl,
+        timeout=timeout,
+        preview=preview,
+        reconcile=reconcile,
+        not_performed=tuple(not_performed),
+    )
+
+
 @dataclass(frozen=True)
 class Tool:
     """A function paired with its spec, made by :meth:`Client.tool`; call it with ``run.call``.
@@ -150,16 +223,17 @@ class Tool:
 
     Attributes:
         fn: the function doing the work (``async def`` under :class:`AsyncClient`).
-            It receives the arguments as keyword arguments and returns its result: a
-            dict, or any JSON value (recorded as ``{"value": ...}``), ``None``
-            meaning ``{}``.
+            It receives the arguments as keyword arguments (or, with
+            ``args_as_dict``, as one dict) and returns its result: a dict, or any
+            JSON value (recorded as ``{"value": ...}``), ``None`` meaning ``{}``.
         name: the tool's name in the journal.
-        spec: its declaration.
+        spec: its declaration (:func:`read` or :func:`effect`).
     """
 
     fn: Callable[..., Any]
     name: str
     spec: ToolSpec
+    args_as_dict: bool = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(
@@ -180,3 +254,14 @@ def as_result(value: Any) -> Result:
     if isinstance(value, dict):
         return value
     return {"value": value}
+
+
+def from_result(result: Result) -> Any:
+    """The value a tool returned, from its recorded result (the inverse of :func:`as_result`).
+
+    An adapter returns it to the framework on ``skip``, so a replay answers what
+    the first execution answered.
+    """
+    if isinstance(result, dict) and set(result) == {"value"}:
+        return result["value"]
+    return result
