@@ -14,6 +14,13 @@ Four tools, each keyed from stable intent (never from what the model wrote):
 - ``send_campaign`` — keyed on its campaign id, needs a person's approval, and has no
   lookup: when its outcome is unknown, a person decides.
 
+**An exception is not proof that nothing happened.** A tool that raises is not
+reported: its effect stays in flight, becomes ``unknown`` when the attempt ends,
+and the next run reconciles it (or a person decides), so it never happens twice.
+A tool says "nothing was sent" only by raising ``NotPerformed`` (``import_dataset``
+does, when it cannot read its file); that effect is reported ``failed`` and the
+next run performs it.
+
 A fake, seeded "LLM" rewrites the arguments and reorders the calls on every attempt.
 Side effects go to the ledger (JSON lines) so ``count_ledger.py`` can count
 duplicates. ``--crash-after N`` kills the process (``os._exit(137)``) right after the
@@ -22,7 +29,8 @@ with SIGKILL at any point of the protocol instead (``kill_points.py`` lists them
 ``--think`` makes the model take that long before each call.
 
 Exit codes: 0 answered (or already answered), 3 a person must decide first (see the
-printed addresses), 4 another attempt is live, 5 the restart is blocked, 137 crashed.
+printed addresses), 4 another attempt is live, 5 the restart is blocked, 6 a tool sent
+nothing (``NotPerformed``: run again), 137 crashed.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from startsafe_client import (  # noqa: E402
     ApprovalTimeout,
     Client,
     EffectBlocked,
+    NotPerformed,
     OutcomeUnknown,
     Reconciliation,
     RestartBlocked,
@@ -56,14 +65,17 @@ from startsafe_client import (  # noqa: E402
     Tool,
     Waiting,
     content_key_of_file,
+    effect,
     intent_key,
     provider_key,
+    read,
 )
 
 CRASH_EXIT = 137
 NEEDS_PERSON_EXIT = 3
 ALREADY_RUNNING_EXIT = 4
 RESTART_BLOCKED_EXIT = 5
+NOT_PERFORMED_EXIT = 6
 
 # The fake CRM the read looks customers up in.
 CUSTOMERS = {
@@ -93,7 +105,7 @@ class NeedsPerson(Exception):
 def declare_tools(client: Client, ledger_path: Path, crasher: Crasher) -> dict[str, Tool]:
     """The agent's four tools, declared once with their kind, key rule and approvals."""
 
-    @client.tool(kind="read")
+    @client.tool(read())
     def lookup_customer(email: str) -> dict[str, Any]:
         return {"email": email, **CUSTOMERS.get(email, {"name": "there", "plan": "free"})}
 
@@ -112,10 +124,11 @@ def declare_tools(client: Client, ledger_path: Path, crasher: Crasher) -> dict[s
         )
 
     @client.tool(
-        kind="effect",
-        key=lambda args: provider_key("outlook", "message", args.get("message_id")),
-        preview=lambda args: f"Reply {args['subject']!r} to {args['to']}",
-        reconcile=reply_in_mailbox,
+        effect(
+            key=lambda args: provider_key("outlook", "message", args.get("message_id")),
+            preview=lambda args: f"Reply {args['subject']!r} to {args['to']}",
+            reconcile=reply_in_mailbox,
+        )
     )
     def send_reply(message_id: str, to: str, subject: str, body: str) -> dict[str, Any]:
         ledger.append(
@@ -137,13 +150,20 @@ def declare_tools(client: Client, ledger_path: Path, crasher: Crasher) -> dict[s
         return Reconciliation.not_done(f"warehouse load log read in full: no import of {key}")
 
     @client.tool(
-        kind="effect",
-        key=lambda args: content_key_of_file(args["path"]),
-        preview=lambda args: f"Import {Path(args['path']).name} into {args['table']}",
-        reconcile=import_in_warehouse,
+        effect(
+            key=lambda args: content_key_of_file(args["path"]),
+            preview=lambda args: f"Import {Path(args['path']).name} into {args['table']}",
+            reconcile=import_in_warehouse,
+        )
     )
     def import_dataset(path: str, table: str, note: str = "") -> dict[str, Any]:
-        content = Path(path).read_bytes()
+        try:
+            content = Path(path).read_bytes()
+        except OSError as unreadable:
+            # Nothing has reached the warehouse yet: say so, and the next run imports it.
+            raise NotPerformed(f"cannot read {path}: {unreadable}") from unreadable
+        # From here on an exception is not proof that nothing happened: it is not
+        # reported, and the next run looks the import up in the warehouse's log.
         digest = "sha256:" + hashlib.sha256(content).hexdigest()
         rows = sum(1 for _ in csv.DictReader(io.StringIO(content.decode("utf-8"))))
         ledger.append(ledger_path, "import", digest, {"table": table, "rows": rows, "note": note})
@@ -151,14 +171,15 @@ def declare_tools(client: Client, ledger_path: Path, crasher: Crasher) -> dict[s
         return {"sha256": digest, "rows": rows, "table": table}
 
     @client.tool(
-        kind="effect",
-        key=lambda args: intent_key("campaign", campaign_id=args.get("campaign_id")),
-        needs_approval=True,
-        preview=lambda args: (
-            f"Send {args['subject']!r} to {args['recipients']} recipients of segment "
-            f"{args['segment']} (campaign {args['campaign_id']})"
-        ),
-        # No reconcile lookup: when its outcome is unknown, a person decides.
+        effect(
+            key=lambda args: intent_key("campaign", campaign_id=args.get("campaign_id")),
+            needs_approval=True,
+            preview=lambda args: (
+                f"Send {args['subject']!r} to {args['recipients']} recipients of segment "
+                f"{args['segment']} (campaign {args['campaign_id']})"
+            ),
+            # No reconcile lookup: when its outcome is unknown, a person decides.
+        )
     )
     def send_campaign(
         campaign_id: str, segment: str, subject: str, recipients: int
@@ -276,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     except NeedsPerson as stop:
         print(f"{stop}\nDecide in the console, then run this command again.")
         return NEEDS_PERSON_EXIT
+    except NotPerformed as refused:
+        print(f"not performed: {refused}. Nothing was sent; run this command again.")
+        return NOT_PERFORMED_EXIT
     except AlreadyRunning as running:
         print(
             f"attempt {running.attempt} of {ticket.ticket_id} is still running (heartbeat at "
