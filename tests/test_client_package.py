@@ -65,3 +65,15 @@ def test_the_repository_folder_gives_the_real_package_from_the_root():
     assert done.returncode == 0, done.stderr
     package = CLIENT / "startsafe_client"
     assert done.stdout.split() == [str(package / "__init__.py"), str(package / "errors.py")]
+
+
+def test_the_openai_agents_extra_brings_the_sdk_that_its_adapter_imports():
+    installed = importlib.metadata.requires("startsafe-client") or []
+    assert 'openai-agents<0.25,>=0.24; extra == "openai-agents"' in installed
+
+    code = "import sys, startsafe_client.openai_agents; print('agents' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True"]
