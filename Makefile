@@ -24,7 +24,7 @@ $(VENV)/.installed-run: pyproject.toml | $(VENV)/bin/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml startsafe_client/pyproject.toml | $(VENV)/bin/python
-	$(VENV)/bin/pip install --quiet -e '.[test]' -e './startsafe_client[pydantic-ai,openai-agents]'
+	$(VENV)/bin/pip install --quiet -e '.[test]' -e './startsafe_client[pydantic-ai,openai-agents,langchain]'
 	touch $@ $(VENV)/.installed-run
 
 $(VENV)/.installed-bench: pyproject.toml | $(VENV)/bin/python
