@@ -12,7 +12,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from runs.api_schemas import MAX_JSON_VALUE, check_json_value
+from runs.validation import MAX_JSON_VALUE, check_json_value
 from runs.canonical import NotCanonicalizable, canonical_json
 from runs.errors import InvalidRequest
 

@@ -37,7 +37,6 @@ from runs.api_schemas import (
     EffectPage,
     ErrorOut,
     FinishIn,
-    PayloadTooLarge,
     ReconcileIn,
     RecordOut,
     RunDetailOut,
@@ -50,6 +49,7 @@ from runs.errors import JournalError
 from runs.models import Attempt, Effect, Run
 from runs.ratelimit import RateLimited, check_rate_limit, rate_limited_response
 from runs.serialize import attempt_dict, call_dict, effect_dict, journal_of, run_dict
+from runs.validation import PayloadTooLarge
 from runs.verdict import restart_verdict
 
 logger = logging.getLogger("startsafe.api")

@@ -7,7 +7,6 @@ Input is strict: ``"5"`` is not an integer and ``1`` is not a boolean.
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal, Union
 from urllib.parse import urlsplit
 from uuid import UUID
@@ -22,26 +21,8 @@ from pydantic import (
 )
 from typing_extensions import TypeAliasType
 
-from runs.canonical import NotCanonicalizable, canonical_json
+from runs.validation import MAX_SAFE_INTEGER, check_json_object, check_text
 from startsafe.outbound import REFUSED_URL_PATTERN, text_refusal
-
-MAX_JSON_VALUE = 256 * 1024  # input, args, result: canonical JSON bytes
-MAX_SAFE_INTEGER = 2**53 - 1
-
-
-class PayloadTooLarge(ValueError):
-    """A JSON value over its size limit: answered 413, not 400."""
-
-
-def _check_text(value: str) -> str:
-    """Valid Unicode without U+0000: what PostgreSQL can store."""
-    if "\x00" in value:
-        raise ValueError("must not contain U+0000")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode (no lone surrogates)") from None
-    return value
 
 
 def _printable_ranges() -> str:
@@ -83,46 +64,12 @@ NO_NUL = r"^[^\x00]*$"
 
 
 def _check_printable(value: str) -> str:
-    _check_text(value)
+    check_text(value)
     if not value.isprintable():
         raise ValueError(
             "must be printable characters only (no control, format or separator "
             "characters such as U+202E or U+200B, no spaces other than U+0020)"
         )
-    return value
-
-
-def check_json_value(value: Any, depth: int = 0) -> None:
-    """Refuse what RFC 8785 or PostgreSQL cannot hold, before it reaches the database."""
-    if depth > 100:
-        raise ValueError("is nested too deeply (over 100 levels)")
-    if isinstance(value, str):
-        _check_text(value)
-    elif isinstance(value, bool) or value is None:
-        return
-    elif isinstance(value, int):
-        if abs(value) > MAX_SAFE_INTEGER:
-            raise ValueError("has an integer beyond ±(2^53−1): send large ids as strings")
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError("has a number that is not finite")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_text(key)
-            check_json_value(item, depth + 1)
-    elif isinstance(value, list):
-        for item in value:
-            check_json_value(item, depth + 1)
-
-
-def _check_object(value: dict) -> dict:
-    check_json_value(value)
-    try:
-        size = len(canonical_json(value))
-    except NotCanonicalizable as exc:
-        raise ValueError(f"cannot be represented as canonical JSON ({exc})") from None
-    if size > MAX_JSON_VALUE:
-        raise PayloadTooLarge(f"is {size} bytes as canonical JSON, over the 256 KiB limit")
     return value
 
 
@@ -164,7 +111,7 @@ def _not_whole(value: float) -> float:
     return value
 
 
-Text = Annotated[str, Field(pattern=NO_NUL), AfterValidator(_check_text)]
+Text = Annotated[str, Field(pattern=NO_NUL), AfterValidator(check_text)]
 Printable = Annotated[str, Field(pattern=PRINTABLE), AfterValidator(_check_printable)]
 
 # pydantic states a key pattern as `patternProperties`, which by itself lets any
@@ -192,7 +139,7 @@ JsonValue = TypeAliasType(
     ],
 )
 JsonObject = Annotated[
-    dict[JsonKey, JsonValue], CLOSED_TO_OTHER_KEYS, AfterValidator(_check_object)
+    dict[JsonKey, JsonValue], CLOSED_TO_OTHER_KEYS, AfterValidator(check_json_object)
 ]
 RunKey = Annotated[
     str, Field(min_length=1, max_length=200, pattern=PRINTABLE), AfterValidator(_check_printable)
