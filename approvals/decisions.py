@@ -22,6 +22,7 @@ from runs.errors import Forbidden, InvalidRequest, NotAllowed, NotFound, StaleAr
 from runs.lifecycle import (
     clear_claim,
     expire_if_past_deadline,
+    is_past_deadline,
     released_status,
     save_effect,
     set_run_status,
@@ -30,9 +31,62 @@ from runs.models import Effect, EffectStatus, EffectVersion, Run, RunStatus
 
 DECIDE_PERMISSION = "approvals.decide"
 
+# Which effect action is allowed from which status: product.md's table, written only
+# here. The rules below check it under the effect's lock (a 409 otherwise);
+# ``allowed_actions`` answers from it which buttons the console shows.
+EFFECT_ACTION_STATUSES = {
+    "approve": (EffectStatus.AWAITING_APPROVAL,),
+    "reject": (EffectStatus.AWAITING_APPROVAL, EffectStatus.APPROVED, EffectStatus.UNKNOWN),
+    "mark_done": (
+        EffectStatus.AWAITING_APPROVAL,
+        EffectStatus.APPROVED,
+        EffectStatus.FAILED,
+        EffectStatus.UNKNOWN,
+    ),
+    "release": (EffectStatus.UNKNOWN,),
+}
+# Allow restart and abandon: a run that stopped without finishing.
+RUN_ACTION_STATUSES = (RunStatus.INTERRUPTED, RunStatus.FAILED)
+
 
 def can_decide(user) -> bool:
     return bool(user and user.is_active and user.has_perm(DECIDE_PERMISSION))
+
+
+def has_approved(effect: Effect, label: str) -> bool:
+    """Whether the operator ``label`` approved the effect's current version (one
+    approval per operator per version: the two-person rule)."""
+    return any(a["by"] == label for a in effect.current_approvals or [])
+
+
+def allowed_actions(effect: Effect, user, now: datetime) -> frozenset[str]:
+    """The actions ``user`` may take on ``effect`` at ``now``.
+
+    ``approve``, ``reject``, ``mark_done`` and ``release`` as product.md's table
+    allows them, and ``edit`` (approve with edits) wherever approving is allowed by
+    the status: an operator who approved this version may not approve it again, but
+    may edit it into a new one, which needs their approval again. Nothing for a user
+    without the operator role, nor for an awaiting effect past its deadline (it
+    counts as expired for every action). The console shows a button for each, and
+    the editor refuses (409) without ``edit``.
+    """
+    if not can_decide(user) or is_past_deadline(effect, now):
+        return frozenset()
+    allowed = {
+        action for action, statuses in EFFECT_ACTION_STATUSES.items() if effect.status in statuses
+    }
+    if "approve" in allowed:
+        allowed.add("edit")
+        if has_approved(effect, Actor.for_user(user).label):
+            allowed.discard("approve")
+    return frozenset(allowed)
+
+
+def allowed_run_actions(run: Run, user) -> frozenset[str]:
+    """``allow_restart`` and ``abandon`` for an operator while the run is stopped."""
+    if can_decide(user) and run.status in RUN_ACTION_STATUSES:
+        return frozenset(("allow_restart", "abandon"))
+    return frozenset()
 
 
 def _require_decider(user) -> Actor:
@@ -68,7 +122,7 @@ def _decision(verb: str, actor: Actor, now: datetime, note: str, digest: str, fi
     }
 
 
-def _decide_effect(effect_id: Any, user, args_hash: str, allowed: tuple, now: datetime, decide):
+def _decide_effect(effect_id: Any, user, args_hash: str, action: str, now: datetime, decide):
     """Lock the effect, check expiry, status and hash, then apply ``decide``.
 
     1. Permission first (403), then the effect (404).
@@ -87,7 +141,7 @@ def _decide_effect(effect_id: Any, user, args_hash: str, allowed: tuple, now: da
             refusal = NotAllowed(
                 "The approval deadline passed: the effect expired.", {"status": effect.status}
             )
-        elif effect.status not in allowed:
+        elif effect.status not in EFFECT_ACTION_STATUSES[action]:
             raise NotAllowed(
                 f"This action is not allowed while the effect is {effect.status}.",
                 {"status": effect.status},
@@ -154,7 +208,7 @@ def approve_effect(
                 )
         # The effect's lock serialises approvals, so current_approvals is the truth
         # about the current version; it is what guards one approval per operator.
-        if any(a["by"] == actor.label for a in effect.current_approvals):
+        if has_approved(effect, actor.label):
             raise NotAllowed("You already approved this version.", {"status": effect.status})
         try:
             with transaction.atomic():
@@ -188,9 +242,7 @@ def approve_effect(
                 },
             )
 
-    return _decide_effect(
-        effect_id, user, args_hash, (EffectStatus.AWAITING_APPROVAL,), now, decide
-    )
+    return _decide_effect(effect_id, user, args_hash, "approve", now, decide)
 
 
 def reject_effect(
@@ -218,8 +270,7 @@ def reject_effect(
             data={"final": final},
         )
 
-    allowed = (EffectStatus.AWAITING_APPROVAL, EffectStatus.APPROVED, EffectStatus.UNKNOWN)
-    return _decide_effect(effect_id, user, args_hash, allowed, now, decide)
+    return _decide_effect(effect_id, user, args_hash, "reject", now, decide)
 
 
 def mark_effect_done(
@@ -253,13 +304,7 @@ def mark_effect_done(
             data={"result": result},
         )
 
-    allowed = (
-        EffectStatus.AWAITING_APPROVAL,
-        EffectStatus.APPROVED,
-        EffectStatus.FAILED,
-        EffectStatus.UNKNOWN,
-    )
-    return _decide_effect(effect_id, user, args_hash, allowed, now, decide)
+    return _decide_effect(effect_id, user, args_hash, "mark_done", now, decide)
 
 
 def release_effect(
@@ -274,7 +319,7 @@ def release_effect(
         clear_claim(effect)
         save_effect(effect, actor, "released", now, status=released_status(effect), note=note)
 
-    return _decide_effect(effect_id, user, args_hash, (EffectStatus.UNKNOWN,), now, decide)
+    return _decide_effect(effect_id, user, args_hash, "release", now, decide)
 
 
 def _decide_run(run_id: Any, user, now: datetime, decide) -> Run:
@@ -283,7 +328,7 @@ def _decide_run(run_id: Any, user, now: datetime, decide) -> Run:
         run = Run.objects.select_for_update().filter(pk=run_id).first()
         if run is None:
             raise NotFound("No such run.")
-        if run.status not in (RunStatus.INTERRUPTED, RunStatus.FAILED):
+        if run.status not in RUN_ACTION_STATUSES:
             raise NotAllowed(
                 f"This action is not allowed while the run is {run.status}.",
                 {"status": run.status},

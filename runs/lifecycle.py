@@ -210,7 +210,7 @@ def set_deadline(effect: Effect, now: datetime) -> None:
     effect.approval_expires_at = now + seconds(effect.approval_ttl)
 
 
-def _is_past_deadline(effect: Effect, now: datetime) -> bool:
+def is_past_deadline(effect: Effect, now: datetime) -> bool:
     return (
         effect.status == EffectStatus.AWAITING_APPROVAL
         and effect.approval_expires_at is not None
@@ -224,7 +224,7 @@ def expire_if_past_deadline(effect: Effect, now: datetime) -> bool:
     The caller holds the effect's lock. Past its deadline an awaiting effect counts
     as expired for every action, whether or not the sweep got there first.
     """
-    if not _is_past_deadline(effect, now):
+    if not is_past_deadline(effect, now):
         return False
     effect.decision = {
         "verb": "expired",
@@ -294,7 +294,7 @@ def action_for(effect: Effect, now: datetime) -> str:
     if status in CLAIMABLE_STATUSES:
         return Action.CLAIM
     if status == EffectStatus.AWAITING_APPROVAL:
-        return Action.BLOCKED if _is_past_deadline(effect, now) else Action.WAIT
+        return Action.BLOCKED if is_past_deadline(effect, now) else Action.WAIT
     if status == EffectStatus.IN_FLIGHT:
         return Action.WAIT
     if status == EffectStatus.DONE:

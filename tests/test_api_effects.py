@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from lifecycle_helpers import effect_in
 
 from approvals.decisions import approve_effect, release_effect
 from runs.models import AuditEvent, Effect
@@ -197,47 +198,6 @@ def test_another_agents_effect_is_not_found(api, run_id, other_agent):
     assert other.get("/effects").body["items"] == []
 
 
-def _effect_in(agent, operator, status: str) -> Effect:
-    """An effect brought to ``status`` through the journal's own rules."""
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from approvals.decisions import reject_effect
-    from runs.calls import record_call
-    from runs.lifecycle import start_run
-    from runs.outcomes import complete_effect
-
-    t0 = timezone.now()
-    run = start_run(agent, f"run-{status}", heartbeat_timeout=86_400, now=t0).run
-    approval = status in ("awaiting_approval", "approved", "rejected", "expired")
-
-    def call(attempt: int = 1, now=t0):
-        return record_call(
-            agent, run.pk, attempt=attempt, tool="send", kind="effect", args={"s": status},
-            key=f"send:{status}", key_source="intent", needs_approval=approval,
-            approval_ttl=600, now=now,
-        ).effect  # fmt: skip
-
-    effect = call()
-    if status == "approved":
-        approve_effect(operator, effect.pk, args_hash=effect.args_hash)
-    if status == "rejected":
-        reject_effect(operator, effect.pk, args_hash=effect.args_hash, note="no")
-    if status == "expired":
-        call(now=t0 + timedelta(minutes=11))  # the replay records the expiry
-    if status in ("done", "failed"):
-        complete_effect(agent, effect.pk, run_id=run.pk, attempt=1, outcome=status)
-    if status in ("unknown", "pending"):
-        start_run(agent, run.run_key, supersede=1)
-    if status == "pending":
-        effect.refresh_from_db()
-        release_effect(operator, effect.pk, args_hash=effect.args_hash, note="not sent")
-    effect.refresh_from_db()
-    assert effect.status == status
-    return effect
-
-
 @pytest.mark.parametrize(
     ("status", "action"),
     [
@@ -255,7 +215,7 @@ def _effect_in(agent, operator, status: str) -> Effect:
 def test_the_poll_answers_the_action_of_every_status(api, agent, operator, status, action):
     """api.md's Action table: the poll never answers execute, and an unknown outcome
     is for a person (review), never released by a poll."""
-    effect = _effect_in(agent, operator, status)
+    effect = effect_in(agent, operator, status)
 
     poll = api.get(f"/effects/{effect.pk}")
 
