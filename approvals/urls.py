@@ -1,25 +1,40 @@
-"""The console's addresses, fixed by product.md ("Console addresses and forms")."""
+"""The console's addresses, fixed by product.md ("Console addresses and forms").
+
+Each action's form class (``approvals/forms.py``) says which action ``decide`` takes.
+"""
 
 from __future__ import annotations
 
 from django.urls import path
 
-from approvals import views, views_actions
+from approvals import views
+from approvals.forms import (
+    AbandonForm,
+    AllowRestartForm,
+    ApproveForm,
+    MarkDoneForm,
+    RejectForm,
+    ReleaseForm,
+)
+from approvals.views_actions import bulk, decide, edit
 
 app_name = "console"
+
+RUN = "runs/<uuid:run_id>/"
+EFFECT = "effects/<uuid:effect_id>/"
 
 urlpatterns = [
     path("", views.queue, name="queue"),
     path("runs/", views.runs, name="runs"),
-    path("runs/<uuid:run_id>/", views.run_detail, name="run"),
-    path("runs/<uuid:run_id>/allow-restart", views_actions.allow_restart, name="allow-restart"),
-    path("runs/<uuid:run_id>/abandon", views_actions.abandon, name="abandon"),
-    path("effects/bulk", views_actions.bulk, name="bulk"),
-    path("effects/<uuid:effect_id>/", views.effect_detail, name="effect"),
-    path("effects/<uuid:effect_id>/edit", views_actions.edit, name="edit"),
-    path("effects/<uuid:effect_id>/approve", views_actions.approve, name="approve"),
-    path("effects/<uuid:effect_id>/reject", views_actions.reject, name="reject"),
-    path("effects/<uuid:effect_id>/mark-done", views_actions.mark_done, name="mark-done"),
-    path("effects/<uuid:effect_id>/release", views_actions.release, name="release"),
+    path(RUN, views.run_detail, name="run"),
+    path(RUN + "allow-restart", decide, {"form_class": AllowRestartForm}, name="allow-restart"),
+    path(RUN + "abandon", decide, {"form_class": AbandonForm}, name="abandon"),
+    path("effects/bulk", bulk, name="bulk"),
+    path(EFFECT, views.effect_detail, name="effect"),
+    path(EFFECT + "edit", edit, name="edit"),
+    path(EFFECT + "approve", decide, {"form_class": ApproveForm}, name="approve"),
+    path(EFFECT + "reject", decide, {"form_class": RejectForm}, name="reject"),
+    path(EFFECT + "mark-done", decide, {"form_class": MarkDoneForm}, name="mark-done"),
+    path(EFFECT + "release", decide, {"form_class": ReleaseForm}, name="release"),
     path("history/", views.history, name="history"),
 ]

@@ -13,6 +13,7 @@ from django.db.models import Count, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from approvals.decisions import can_decide
@@ -23,12 +24,10 @@ from approvals.views_common import (
     QUEUE_MORE_LIMIT,
     _effect_for_user,
     _run_for_user,
-    effect_actions_for,
     nav_counts,
     needs_decision_runs,
     queue_fingerprint,
     queue_sets,
-    run_actions_for,
     verdict_reasons_for,
     versions_with_diffs,
 )
@@ -71,14 +70,24 @@ def attempt_count() -> Coalesce:
 
 
 def base_context(request: HttpRequest, nav: dict | None = None, **extra) -> dict:
+    """What every page and fragment reads: the navigation's counts, the clock (read
+    once: the actions shown depend on it), and ``form``/``error``, set only on a
+    refused action's answer (present, so that no row looks up a missing variable)."""
     nav = nav if nav is not None else nav_counts()
-    return {"nav": nav, "user_can_decide": can_decide(request.user), **extra}
+    return {
+        "nav": nav,
+        "user_can_decide": can_decide(request.user),
+        "now": timezone.now(),
+        "form": None,
+        "error": None,
+        **extra,
+    }
 
 
 # --- Queue --------------------------------------------------------------------
 
-# What an effect's queue row shows (templates/jinja2/approvals/_effect_row.html) and
-# its actions read: loading the rest (the run's input, the effect's result and
+# What an effect's queue row shows (_rows.html's ``effect-row``) and its actions
+# read: loading the rest (the run's input, the effect's result and
 # decision, ten more times) was a fifth of the queue's time. A field the row comes
 # to need and is missing here costs a query per row: the console's query-count
 # tests catch it.
@@ -129,9 +138,6 @@ def queue_context(request: HttpRequest, sets: tuple) -> dict:
         .only(*QUEUE_EFFECT_FIELDS)
         .order_by("-updated_at")[: limits["unknown"]]
     )
-    user = request.user
-    for effect in [*awaiting, *unknown]:
-        effect.actions = effect_actions_for(effect, user)
     # Bulk decisions apply to several awaiting effects of one tool: group by tool.
     tools = sorted({effect.tool for effect in awaiting})
     return base_context(
@@ -145,14 +151,17 @@ def queue_context(request: HttpRequest, sets: tuple) -> dict:
         limits=limits,
         more=more,
         more_limit=QUEUE_MORE_LIMIT,
-        # Where each row's forms return without JavaScript: computed once, not
-        # once per form.
-        back_url=request.get_full_path(),
-        # Looked up by every row: present, so the template engine does not raise and
-        # log a missing variable hundreds of times per page.
-        error=None,
+        bulk_form=None,
         oob=False,
     )
+
+
+def queue_row_context(request: HttpRequest, obj: Effect | Run) -> dict:
+    """One row of the queue (an effect or a stopped run), as an action answers htmx."""
+    if isinstance(obj, Run):
+        obj.reasons = verdict_reasons_for([obj])[obj.pk]
+        return base_context(request, run=obj, row=True)
+    return base_context(request, effect=obj, row=True)
 
 
 def _filter(request: HttpRequest, name: str) -> str:
@@ -253,7 +262,6 @@ def run_context(request: HttpRequest, run: Run) -> dict:
         verdict=restart_verdict(run),
         handoffs=[e for e in events if e.verb == "handoff_try"],
         events=events,
-        can_act=run_actions_for(run, request.user),
     )
 
 
@@ -286,7 +294,6 @@ def effect_context(request: HttpRequest, effect: Effect, **extra) -> dict:
         late_reports=[e for e in events if e.verb == "late_report"],
         reconciled=decision if decision.get("verb") == "reconciled" else None,
         calls=calls,
-        actions=effect_actions_for(effect, request.user),
         **extra,
     )
 

@@ -1,50 +1,61 @@
 """The console's POST actions: approve, reject, mark done, release, allow restart, abandon.
 
-Every action is a plain form that works without JavaScript; htmx enhances it.
-The order of checks is product.md's:
+Every action is a plain form (``approvals/forms.py``) that works without
+JavaScript; htmx enhances it. The order of checks is product.md's:
 
-1. the form itself: a missing ``args_hash`` or note, or invalid JSON, is 400;
-2. the id: one the user may not see is 404; then the role: 403;
-3. the state, in ``approvals/decisions.py`` under a row lock: 409 with the page
-   showing the current state (a stale hash shows the new content and its diff).
+1. the form itself: a missing ``args_hash`` or note, or invalid JSON, is 400, shown
+   on the form;
+2. the id: one the user may not see is 404; then the role, checked by the rule in
+   ``approvals/decisions.py``: 403;
+3. the state, checked by the same rule under a row lock: 409 with the page showing
+   the current state (a stale hash shows the new content and its diff).
 
-Success answers 303 back to the page the form came from, or, for htmx, the
-re-rendered fragment (``fragment=row`` on the queue, ``detail`` on the pages)
-with a toast in ``HX-Trigger``. A resubmit (double click, back button) meets the
-new state and is refused with 409: it never decides twice.
+Success answers 303 back to the page the form came from, or, for htmx, the element
+the form targets re-rendered (its row in the queue, or its page's panel) with a
+toast in ``HX-Trigger``. A resubmit (double click, back button) meets the new state
+and is refused with 409: it never decides twice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
+from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import trigger_client_event
 
-from approvals import decisions
-from approvals.forms import checkbox, optional_json, optional_text, parse_json, required_text
-from approvals.views import base_context, effect_context, queue_context, run_context
+from approvals.decisions import allowed_actions, can_decide
+from approvals.forms import BulkForm, DecisionForm, EditForm
+from approvals.views import (
+    base_context,
+    effect_context,
+    queue_context,
+    queue_row_context,
+    run_context,
+)
 from approvals.views_common import (
     _effect_for_user,
     _run_for_user,
     diff_lines,
-    effect_actions_for,
     pretty,
     queue_sets,
     safe_back_url,
-    verdict_reasons_for,
 )
-from runs.errors import Forbidden, InvalidRequest, JournalError, NotAllowed, StaleArgs
-from runs.models import Effect, EffectStatus, EffectVersion, Run
+from runs.errors import Forbidden, JournalError, StaleArgs
+from runs.models import Effect, EffectVersion
+
+FORBIDDEN = "You may not decide: this needs the operator role."
 
 # --- Answers ------------------------------------------------------------------
+
+# How an action finds what it acts on (404 for an id nobody may see), and its page.
+FIND = {"effect": _effect_for_user, "run": _run_for_user}
+PAGE_CONTEXT = {"effect": effect_context, "run": run_context}
 
 
 def _see_other(url: str) -> HttpResponseRedirect:
@@ -57,60 +68,40 @@ def _toast(response: HttpResponse, message: str, level: str) -> HttpResponse:
     return trigger_client_event(response, "toast", {"message": message, "level": level})
 
 
-def _fragment(request: HttpRequest) -> str:
-    return "row" if request.POST.get("fragment") == "row" else "detail"
+def _problems(form: forms.Form) -> str:
+    return " ".join(error for errors in form.errors.values() for error in errors)
 
 
-def _effect_answer(
-    request: HttpRequest, effect_id: Any, message: str, *, status: int = 200, stale=None
+def _answer(
+    request: HttpRequest, kind: str, obj_id: Any, *, status: int, message: str, **extra
 ) -> HttpResponse:
-    """Render the effect as it is now: the row or panel for htmx, else the page."""
-    try:
-        effect = _effect_for_user(request, effect_id)
-    except (Http404, ValidationError):
-        return render(request, "approvals/error.html", {"message": message}, status=status or 404)
-    error = message if status >= 400 else None
-    if request.htmx and _fragment(request) == "row":
-        effect.actions = effect_actions_for(effect, request.user)
-        context = {"effect": effect, "error": error, "request": request}
-        response = render(
-            request, "approvals/_effect_row.html", context, status=status, using="jinja2"
-        )
-    else:
-        template = (
-            "approvals/effect.html#effect-detail" if request.htmx else "approvals/effect.html"
-        )
-        context = effect_context(request, effect, error=error, stale=stale)
-        response = render(request, template, context, status=status)
-    if request.htmx:
-        _toast(response, message, "error" if error else "success")
-    return response
+    """The effect or run (``kind``) as it is now, after an action on it.
 
-
-def _run_answer(request: HttpRequest, run_id: Any, message: str, *, status: int = 200):
+    For htmx, the element the form targets (``request.htmx.target``): its row in the
+    queue (``effect-<id>``, ``run-<id>``) or its page's panel; else the whole page.
+    ``message`` is a toast for htmx and, for a refusal, the page's error.
+    """
     try:
-        run = _run_for_user(request, run_id)
-    except (Http404, ValidationError):
+        obj = FIND[kind](request, obj_id)
+    except Http404:  # a malformed form for an id nobody can see: still its 400
         return render(request, "approvals/error.html", {"message": message}, status=status)
     error = message if status >= 400 else None
-    if request.htmx and _fragment(request) == "row":
-        run.reasons = verdict_reasons_for([run])[run.pk]
-        context = {
-            "run": run,
-            "error": error,
-            "user_can_decide": decisions.can_decide(request.user),
-        }
-        response = render(
-            request, "approvals/_run_row.html", context, status=status, using="jinja2"
-        )
+    if request.htmx.target == f"{kind}-{obj.pk}":
+        template, context = f"approvals/_rows.html#{kind}-row", queue_row_context(request, obj)
     else:
-        template = "approvals/run.html#run-detail" if request.htmx else "approvals/run.html"
-        response = render(
-            request, template, {**run_context(request, run), "error": error}, status=status
-        )
+        template = f"approvals/{kind}.html" + (f"#{kind}-detail" if request.htmx else "")
+        context = PAGE_CONTEXT[kind](request, obj)
+    response = render(request, template, {**context, "error": error, **extra}, status=status)
     if request.htmx:
         _toast(response, message, "error" if error else "success")
     return response
+
+
+def _done(request: HttpRequest, kind: str, obj_id: Any, message: str) -> HttpResponse:
+    if request.htmx:
+        return _answer(request, kind, obj_id, status=200, message=message)
+    messages.success(request, message)
+    return _see_other(safe_back_url(request, reverse(f"console:{kind}", args=[obj_id])))
 
 
 def _stale_diff(effect_id: Any, seen_hash: str) -> dict | None:
@@ -126,276 +117,101 @@ def _stale_diff(effect_id: Any, seen_hash: str) -> dict | None:
     return {"seen_hash": seen_hash, "diff": diff_lines(seen.args, effect.args)}
 
 
-# --- Effect actions -----------------------------------------------------------
+# --- Actions ------------------------------------------------------------------
 
 
-def _effect_action(
-    request: HttpRequest,
-    effect_id: Any,
-    *,
-    read_form: Callable[[HttpRequest], dict],
-    decide: Callable[..., Effect],
-    done: Callable[[Effect], str],
+@require_POST
+@login_required
+def decide(
+    request: HttpRequest, form_class: type[DecisionForm], effect_id=None, run_id=None
 ) -> HttpResponse:
-    """The shared control flow of the four effect actions (see the module's steps)."""
+    """Approve, reject, mark done or release an effect; allow restart or abandon a run.
+
+    ``form_class`` (from the address) says which action, on which kind of object.
+    """
+    kind = form_class.kind
+    obj_id = effect_id if kind == "effect" else run_id
+    form = form_class(request.POST)
+    if not form.is_valid():
+        problems = f"Not done: {_problems(form)}"
+        return _answer(request, kind, obj_id, status=400, message=problems, form=form)
+    FIND[kind](request, obj_id)  # 404 for an id nobody may see, before the rule's 403
     try:
-        args_hash = required_text(request, "args_hash")
-        fields = read_form(request)
-    except InvalidRequest as exc:
-        return _effect_answer(request, effect_id, exc.message, status=400)
-    try:
-        exists = Effect.objects.filter(pk=effect_id).exists()
-    except ValidationError:
-        exists = False
-    if not exists:
-        raise Http404("No such effect.")
-    if not decisions.can_decide(request.user):
-        return _effect_answer(
-            request, effect_id, "You may not decide: this needs the operator role.", status=403
-        )
-    try:
-        effect = decide(request.user, effect_id, args_hash=args_hash, **fields)
+        obj = form.save(request.user, obj_id)
     except StaleArgs as exc:
-        stale = _stale_diff(effect_id, args_hash)
-        return _effect_answer(request, effect_id, exc.message, status=409, stale=stale)
-    except JournalError as exc:
-        return _effect_answer(request, effect_id, exc.message, status=exc.status)
-    message = done(effect)
-    if request.htmx:
-        return _effect_answer(request, effect_id, message)
-    messages.success(request, message)
-    return _see_other(safe_back_url(request, reverse("console:effect", args=[effect_id])))
-
-
-def _approve_form(request: HttpRequest) -> dict:
-    return {
-        "note": optional_text(request, "note"),
-        "edited_args": optional_json(request, "args", object_only=True),
-    }
-
-
-def _approved_message(effect: Effect) -> str:
-    if effect.status == EffectStatus.APPROVED:
-        return f"Approved {effect.tool}: the agent may claim it now."
-    have, need = len(effect.current_approvals), effect.approvals_required
-    return f"Your approval of {effect.tool} is recorded ({have} of {need})."
-
-
-@require_POST
-@login_required
-def approve(request: HttpRequest, effect_id) -> HttpResponse:
-    return _effect_action(
-        request,
-        effect_id,
-        read_form=_approve_form,
-        decide=decisions.approve_effect,
-        done=_approved_message,
-    )
-
-
-@require_POST
-@login_required
-def reject(request: HttpRequest, effect_id) -> HttpResponse:
-    return _effect_action(
-        request,
-        effect_id,
-        read_form=lambda r: {"note": required_text(r, "note"), "final": checkbox(r, "final")},
-        decide=decisions.reject_effect,
-        done=lambda e: (
-            f"Rejected {e.tool}" + (" for good." if (e.decision or {}).get("final") else ".")
-        ),
-    )
-
-
-@require_POST
-@login_required
-def mark_done(request: HttpRequest, effect_id) -> HttpResponse:
-    return _effect_action(
-        request,
-        effect_id,
-        read_form=lambda r: {
-            "note": required_text(r, "note"),
-            # An effect's result is a JSON object everywhere (api.md: complete and
-            # reconcile take "result"? (object); the Effect schema says object), so
-            # the agent that skips it gets what a tool would have returned.
-            "result": optional_json(r, "result", object_only=True),
-        },
-        decide=decisions.mark_effect_done,
-        done=lambda e: f"Marked {e.tool} done.",
-    )
-
-
-@require_POST
-@login_required
-def release(request: HttpRequest, effect_id) -> HttpResponse:
-    return _effect_action(
-        request,
-        effect_id,
-        read_form=lambda r: {"note": required_text(r, "note")},
-        decide=decisions.release_effect,
-        done=lambda e: f"Released {e.tool}: it is {e.status} and may be claimed again.",
-    )
-
-
-# --- Approve with edits: the confirm step -------------------------------------
+        stale = _stale_diff(obj_id, form.cleaned_data["args_hash"])
+        return _answer(request, kind, obj_id, status=409, message=exc.message, stale=stale)
+    except JournalError as exc:  # 403 without the operator role, 409 for the state
+        return _answer(request, kind, obj_id, status=exc.status, message=exc.message)
+    return _done(request, kind, obj_id, form.success_message(obj))
 
 
 @require_http_methods(["GET", "POST"])
 @login_required
 def edit(request: HttpRequest, effect_id) -> HttpResponse:
-    """Edit the arguments as JSON, see the diff, then confirm (which posts to approve).
-
-    GET shows the editor. POST validates the JSON and shows the diff with a confirm
-    form bound to the hash the operator started from; nothing changes until then.
-    """
+    """Approve with edits: edit the arguments as JSON, see the diff, then confirm
+    (which posts to approve, bound to the version the edit started from). Nothing
+    changes before the confirm."""
     effect = _effect_for_user(request, effect_id)
-    if not decisions.can_decide(request.user):
-        return _effect_answer(
-            request, effect_id, "You may not decide: this needs the operator role.", status=403
-        )
-    context = base_context(request, effect=effect)
-    status = 200
-    if request.method == "GET":
-        context.update(args_text=pretty(effect.args), args_hash=effect.args_hash)
+    if not can_decide(request.user):
+        return _answer(request, "effect", effect.pk, status=403, message=FORBIDDEN)
+    initial = {"args": pretty(effect.args), "args_hash": effect.args_hash}
+    form = EditForm(request.POST if request.method == "POST" else None, initial=initial)
+    context = base_context(request, effect=effect, form=form)
+    if form.is_bound and not form.is_valid():
+        status = 400
+    elif form.is_bound and form.cleaned_data["args_hash"] != effect.args_hash:
+        status, context["stale"] = 409, _stale_diff(effect.pk, form.cleaned_data["args_hash"])
+        context["error"] = "The arguments changed since you opened the editor."
+    elif "edit" not in allowed_actions(effect, request.user, context["now"]):
+        status, context["error"] = 409, f"It can no longer be approved (it is {effect.status})."
     else:
-        args_hash = request.POST.get("args_hash", "")
-        raw = request.POST.get("args", "")
-        context.update(args_text=raw, args_hash=args_hash, note=request.POST.get("note", ""))
-        try:
-            if not args_hash:
-                raise InvalidRequest("args_hash is required.")
-            edited = parse_json(raw, "args", object_only=True)
-        except InvalidRequest as exc:
-            context["error"] = exc.message
-            status = 400
-        else:
-            if args_hash != effect.args_hash:
-                context["error"] = str(
-                    StaleArgs("The arguments changed since you opened the editor.").message
-                )
-                context["stale"] = _stale_diff(effect_id, args_hash)
-                status = 409
-            else:
-                context["review"] = {
-                    "diff": diff_lines(effect.args, edited),
-                    "args_json": pretty(edited),
-                    "unchanged": edited == effect.args,
-                }
-    if effect.status != EffectStatus.AWAITING_APPROVAL and status == 200:
-        context["error"] = str(
-            NotAllowed(f"This effect is {effect.status}: it can no longer be approved.").message
-        )
-        status = 409
+        status = 200
+        if form.is_bound:
+            context["review"] = _review(effect, form)
     template = "approvals/edit.html#edit-review" if request.htmx else "approvals/edit.html"
     return render(request, template, context, status=status)
 
 
-# --- Bulk decisions on the queue ----------------------------------------------
+def _review(effect: Effect, form: EditForm) -> dict:
+    edited = form.cleaned_data["args"]
+    return {
+        "diff": diff_lines(effect.args, edited),
+        "args_json": pretty(edited),
+        "unchanged": edited == effect.args,
+    }
 
 
 @require_POST
 @login_required
 def bulk(request: HttpRequest) -> HttpResponse:
-    """Approve or reject several awaiting effects of one tool, each bound to its own hash.
-
-    Each effect is decided on its own (its own lock, hash check and audit event), so
-    one stale or already-decided effect is refused without undoing the others.
-    """
-    decision = request.POST.get("decision", "")
-    ids = request.POST.getlist("effect")
+    """Approve or reject several awaiting effects of one tool, each bound to its own
+    version (``BulkForm.save`` decides each on its own)."""
+    form = BulkForm(request.POST)
+    if form.is_valid():
+        ids = form.cleaned_data["effect"]
+        tools = dict(Effect.objects.filter(pk__in=ids).values_list("pk", "tool"))
+        if len(tools) != len(ids):
+            raise Http404("No such effect.")
+        if len(set(tools.values())) > 1:
+            form.add_error("effect", "A bulk decision applies to effects of one tool.")
+    if not form.is_valid():
+        messages.error(request, f"Not done: {_problems(form)}")
+        return _queue_answer(request, status=400, bulk_form=form)
     try:
-        if decision not in ("approve", "reject"):
-            raise InvalidRequest("Choose approve or reject.")
-        if not ids:
-            raise InvalidRequest("Select at least one effect.")
-        hashes = {}
-        for effect_id in ids:
-            hashes[effect_id] = required_text(request, f"args_hash_{effect_id}")
-        note = (
-            required_text(request, "note")
-            if decision == "reject"
-            else optional_text(request, "note")
-        )
-        final = checkbox(request, "final")
-        try:
-            found = list(Effect.objects.filter(pk__in=ids).values_list("pk", "tool"))
-        except ValidationError:
-            raise InvalidRequest("An effect id is not valid.") from None
-    except InvalidRequest as exc:
-        messages.error(request, exc.message)
-        return render(request, "approvals/error.html", {"message": exc.message}, status=400)
-    if len(found) != len(set(ids)):
-        raise Http404("No such effect.")
-    if len({tool for _, tool in found}) > 1:
-        message = "A bulk decision applies to effects of one tool: select one tool's effects."
-        return render(request, "approvals/error.html", {"message": message}, status=400)
-    if not decisions.can_decide(request.user):
-        message = "You may not decide: this needs the operator role."
-        return render(request, "approvals/error.html", {"message": message}, status=403)
-    done, refused = 0, []
-    for effect_id in ids:
-        try:
-            if decision == "approve":
-                decisions.approve_effect(
-                    request.user, effect_id, args_hash=hashes[effect_id], note=note
-                )
-            else:
-                decisions.reject_effect(
-                    request.user, effect_id, args_hash=hashes[effect_id], note=note, final=final
-                )
-            done += 1
-        except (JournalError, Forbidden) as exc:
-            refused.append(f"{effect_id}: {exc.message}")
-    verb = "Approved" if decision == "approve" else "Rejected"
-    summary = f"{verb} {done} of {len(ids)}." + (
-        " Refused: " + "; ".join(refused) if refused else ""
-    )
+        done, refused = form.save(request.user)
+    except Forbidden as exc:
+        return render(request, "approvals/error.html", {"message": exc.message}, status=403)
+    verb = "Approved" if form.cleaned_data["decision"] == "approve" else "Rejected"
+    summary = f"{verb} {done} of {done + len(refused)}."
+    summary += " Refused: " + "; ".join(refused) if refused else ""
     if request.htmx:
-        response = render(
-            request, "approvals/queue.html#queue", queue_context(request, queue_sets())
-        )
-        return _toast(response, summary, "error" if refused else "success")
+        return _toast(_queue_answer(request), summary, "error" if refused else "success")
     (messages.warning if refused else messages.success)(request, summary)
     return _see_other(safe_back_url(request, reverse("console:queue")))
 
 
-# --- Run actions --------------------------------------------------------------
-
-
-def _run_action(request: HttpRequest, run_id: Any, decide, done: str) -> HttpResponse:
-    try:
-        note = required_text(request, "note")
-    except InvalidRequest as exc:
-        return _run_answer(request, run_id, exc.message, status=400)
-    try:
-        exists = Run.objects.filter(pk=run_id).exists()
-    except ValidationError:
-        exists = False
-    if not exists:
-        raise Http404("No such run.")
-    if not decisions.can_decide(request.user):
-        return _run_answer(
-            request, run_id, "You may not decide: this needs the operator role.", status=403
-        )
-    try:
-        decide(request.user, run_id, note=note)
-    except JournalError as exc:
-        return _run_answer(request, run_id, exc.message, status=exc.status)
-    if request.htmx:
-        return _run_answer(request, run_id, done)
-    messages.success(request, done)
-    return _see_other(safe_back_url(request, reverse("console:run", args=[run_id])))
-
-
-@require_POST
-@login_required
-def allow_restart(request: HttpRequest, run_id) -> HttpResponse:
-    return _run_action(
-        request, run_id, decisions.allow_restart, "Restart allowed: the next start goes through."
-    )
-
-
-@require_POST
-@login_required
-def abandon(request: HttpRequest, run_id) -> HttpResponse:
-    return _run_action(request, run_id, decisions.abandon_run, "Run abandoned.")
+def _queue_answer(request: HttpRequest, status: int = 200, **extra) -> HttpResponse:
+    template = "approvals/queue.html#queue" if request.htmx else "approvals/queue.html"
+    context = {**queue_context(request, queue_sets()), **extra}
+    return render(request, template, context, status=status)

@@ -15,11 +15,11 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import Count
-from django.http import Http404, HttpRequest
+from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from approvals.decisions import can_decide
+from approvals.decisions import RUN_ACTION_STATUSES
 from runs.models import (
     Call,
     Effect,
@@ -27,7 +27,6 @@ from runs.models import (
     EffectVersion,
     RestartPolicy,
     Run,
-    RunStatus,
 )
 
 HISTORY_PERMISSION = "approvals.view_history"
@@ -39,23 +38,6 @@ HISTORY_PERMISSION = "approvals.view_history"
 # raises each section to QUEUE_MORE_LIMIT for the operator who wants a long list.
 QUEUE_LIMITS = {"awaiting": 50, "stopped": 25, "unknown": 25}
 QUEUE_MORE_LIMIT = 200
-
-# Statuses from which each effect action is allowed (product.md's table). The
-# server's rule lives in approvals/decisions.py; this copy only decides which
-# buttons to show, so a stale button still gets an honest 409.
-EFFECT_ACTIONS = {
-    "approve": (EffectStatus.AWAITING_APPROVAL,),
-    "reject": (EffectStatus.AWAITING_APPROVAL, EffectStatus.APPROVED, EffectStatus.UNKNOWN),
-    "mark_done": (
-        EffectStatus.AWAITING_APPROVAL,
-        EffectStatus.APPROVED,
-        EffectStatus.FAILED,
-        EffectStatus.UNKNOWN,
-    ),
-    "release": (EffectStatus.UNKNOWN,),
-}
-RUN_ACTION_STATUSES = (RunStatus.INTERRUPTED, RunStatus.FAILED)
-
 
 # --- Access -------------------------------------------------------------------
 
@@ -71,35 +53,14 @@ def _run_for_user(request: HttpRequest, run_id: Any) -> Run:
     return get_object_or_404(queryset, pk=run_id)
 
 
-def _effect_exists(effect_id: Any) -> None:
-    if not Effect.objects.filter(pk=effect_id).exists():
-        raise Http404("No such effect.")
-
-
-def effect_actions_for(effect: Effect, user) -> dict[str, bool]:
-    """Which action forms to show for ``effect`` to ``user``."""
-    if not can_decide(user):
-        return {}
-    actions = {name: effect.status in allowed for name, allowed in EFFECT_ACTIONS.items()}
-    actions["already_approved"] = False
-    if actions["approve"]:
-        # One approval per operator per version (the two-person rule).
-        actions["approve"] = not any(
-            a.get("by") == user.get_username() for a in effect.current_approvals or []
-        )
-        actions["already_approved"] = not actions["approve"]
-    return actions
-
-
-def run_actions_for(run: Run, user) -> bool:
-    return can_decide(user) and run.status in RUN_ACTION_STATUSES
-
-
 # --- Redirects ----------------------------------------------------------------
 
 
 def safe_back_url(request: HttpRequest, fallback: str) -> str:
-    """The page the form came from (``next``, then Referer) when it is on this site."""
+    """The page the form came from (``next``, then Referer) when it is on this site.
+
+    The console's forms send no ``next`` (their Referer is the page they are on, as
+    ``Referrer-Policy: same-origin`` keeps it); the editor's confirm does."""
     for candidate in (request.POST.get("next"), request.headers.get("referer")):
         if candidate and url_has_allowed_host_and_scheme(
             candidate, allowed_hosts={request.get_host()}, require_https=request.is_secure()

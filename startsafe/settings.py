@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import dj_database_url
-import jinja2
 from django.core.exceptions import ImproperlyConfigured
 
 from startsafe import devenv
@@ -107,20 +106,6 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
-        },
-    },
-    {
-        # The console's list rows (startsafe/jinja2.py says why). A missing variable
-        # or attribute, and any lookup on one, is empty and false, as in the Django
-        # templates (an effect a viewer sees has no actions), in DEBUG too (Django's
-        # default there would print the variable's name into the page).
-        "BACKEND": "django.template.backends.jinja2.Jinja2",
-        "NAME": "jinja2",
-        "DIRS": [BASE_DIR / "templates" / "jinja2"],
-        "APP_DIRS": False,
-        "OPTIONS": {
-            "environment": "startsafe.jinja2.environment",
-            "undefined": jinja2.ChainableUndefined,
         },
     },
 ]

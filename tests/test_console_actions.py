@@ -23,6 +23,11 @@ pytestmark = pytest.mark.django_db
 HTMX = {"HX-Request": "true"}
 
 
+def htmx_to(target: str) -> dict:
+    """The headers htmx sends for a form whose answer replaces the element ``target``."""
+    return {**HTMX, "HX-Target": target}
+
+
 def post(client, name, obj_id, data, **kw):
     return client.post(reverse(f"console:{name}", args=[obj_id]), data, **kw)
 
@@ -63,8 +68,8 @@ def test_htmx_approve_answers_the_row_and_a_toast(client, operator, agent):
     effect = awaiting_campaign(agent)
     client.force_login(operator)
     response = post(
-        client, "approve", effect.pk, {"args_hash": effect.args_hash, "fragment": "row"},
-        headers=HTMX,
+        client, "approve", effect.pk, {"args_hash": effect.args_hash},
+        headers=htmx_to(f"effect-{effect.pk}"),
     )  # fmt: skip
     assert response.status_code == 200
     html = response.content.decode()
@@ -78,12 +83,12 @@ def test_htmx_approve_from_the_effect_page_answers_the_panel(client, operator, a
     effect = awaiting_campaign(agent)
     client.force_login(operator)
     response = post(
-        client, "approve", effect.pk, {"args_hash": effect.args_hash, "fragment": "detail"},
-        headers=HTMX,
+        client, "approve", effect.pk, {"args_hash": effect.args_hash},
+        headers=htmx_to("effect-detail"),
     )  # fmt: skip
     html = response.content.decode()
     assert response.status_code == 200
-    assert html.lstrip().startswith('<div id="effect-detail">')
+    assert html.lstrip().startswith('<div id="effect-detail"')
     assert "<html" not in html
 
 
@@ -186,6 +191,31 @@ def test_the_edit_step_shows_the_diff_before_anything_changes(client, operator, 
         reverse("console:edit", args=[effect.pk]), {"args_hash": effect.args_hash, "args": "{"}
     )
     assert invalid.status_code == 400
+
+
+def test_the_editor_refuses_an_effect_that_may_no_longer_be_approved(client, operator, agent):
+    effect = awaiting_campaign(agent)
+    client.force_login(operator)
+    assert post(client, "approve", effect.pk, {"args_hash": effect.args_hash}).status_code == 303
+
+    response = client.get(reverse("console:edit", args=[effect.pk]))
+
+    assert response.status_code == 409
+    assert "It can no longer be approved (it is approved)." in response.content.decode()
+
+
+def test_the_editor_refuses_past_the_deadline_and_changes_nothing(client, operator, agent):
+    import time_machine
+
+    effect = awaiting_campaign(agent, approval_ttl=60)
+    client.force_login(operator)
+
+    with time_machine.travel(effect.approval_expires_at.timestamp() + 5):
+        response = client.get(reverse("console:edit", args=[effect.pk]))
+
+    assert response.status_code == 409
+    effect.refresh_from_db()
+    assert effect.status == EffectStatus.AWAITING_APPROVAL
 
 
 def test_a_viewer_cannot_open_the_editor(client, viewer, agent):
@@ -307,7 +337,7 @@ def test_htmx_refusals_swap_the_row_with_the_error(client, operator, agent):
     client.force_login(operator)
     response = post(
         client, "release", effect.pk,
-        {"args_hash": effect.args_hash, "note": "n", "fragment": "row"}, headers=HTMX,
+        {"args_hash": effect.args_hash, "note": "n"}, headers=htmx_to(f"effect-{effect.pk}"),
     )  # fmt: skip
     assert response.status_code == 409
     assert 'role="alert"' in response.content.decode()
@@ -435,7 +465,9 @@ def test_run_actions_need_a_note_and_a_known_id(client, operator, agent):
 def test_htmx_run_action_answers_the_row(client, operator, agent):
     run = failed_unkeyed_run(agent)
     client.force_login(operator)
-    response = post(client, "abandon", run.pk, {"note": "give up", "fragment": "row"}, headers=HTMX)
+    response = post(
+        client, "abandon", run.pk, {"note": "give up"}, headers=htmx_to(f"run-{run.pk}")
+    )
     assert response.status_code == 200
     html = response.content.decode()
     assert html.lstrip().startswith(f'<article class="item" id="run-{run.pk}"')
@@ -495,3 +527,94 @@ def test_bulk_refuses_viewers_and_missing_hashes(client, viewer, operator, agent
     client.force_login(operator)
     data = {"decision": "approve", "effect": [str(effect.pk)]}
     assert client.post(reverse("console:bulk"), data).status_code == 400
+
+
+# --- a refused form shows its errors on the form ---------------------------------------
+
+
+def _form(html: str, action: str) -> str:
+    """The markup of the <details> that holds the form posting to ``action``."""
+    start = html.index(f'action="{action}"')
+    return html[html.rindex("<details", 0, start) : html.index("</details>", start)]
+
+
+def test_a_missing_note_is_shown_on_the_form_that_needs_it(client, operator, agent):
+    effect = unknown_effect(agent)
+    client.force_login(operator)
+
+    response = post(client, "reject", effect.pk, {"args_hash": effect.args_hash, "final": "on"})
+
+    assert response.status_code == 400
+    form = _form(response.content.decode(), reverse("console:reject", args=[effect.pk]))
+    assert form.startswith('<details class="action" open>')
+    assert '<ul class="errorlist"><li>A note is required.</li></ul>' in form
+    assert 'name="final" value="on" checked' in form  # what the operator chose is kept
+
+
+def test_invalid_json_is_shown_on_the_row_with_what_was_typed(client, operator, agent):
+    effect = unknown_effect(agent)
+    client.force_login(operator)
+
+    response = post(
+        client, "mark-done", effect.pk,
+        {"args_hash": effect.args_hash, "note": "sent <by hand>", "result": "{oops"},
+        headers=htmx_to(f"effect-{effect.pk}"),
+    )  # fmt: skip
+
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert html.lstrip().startswith(f'<article class="item" id="effect-{effect.pk}"')
+    form = _form(html, reverse("console:mark-done", args=[effect.pk]))
+    assert form.startswith('<details class="action" open>')
+    assert "result: This is not valid JSON" in form
+    assert ">sent &lt;by hand&gt;</textarea>" in form and ">{oops</textarea>" in form
+    # The other decisions stay folded and empty.
+    release = _form(html, reverse("console:release", args=[effect.pk]))
+    assert release.startswith('<details class="action">') and "errorlist" not in release
+    assert json.loads(response["HX-Trigger"])["toast"]["level"] == "error"
+    effect.refresh_from_db()
+    assert effect.status == EffectStatus.UNKNOWN
+
+
+def test_a_run_action_without_a_note_shows_the_error_on_its_form(client, operator, agent):
+    run = failed_unkeyed_run(agent)
+    client.force_login(operator)
+
+    response = post(client, "abandon", run.pk, {"note": " "})
+
+    assert response.status_code == 400
+    form = _form(response.content.decode(), reverse("console:abandon", args=[run.pk]))
+    assert form.startswith('<details class="action" open>')
+    assert "A note is required." in form
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+
+
+def test_a_bulk_rejection_without_a_note_shows_the_error_on_the_bulk_form(client, operator, agent):
+    effect = awaiting_campaign(agent)
+    client.force_login(operator)
+
+    response = client.post(reverse("console:bulk"), _bulk([effect], "reject"))
+
+    assert response.status_code == 400
+    html = response.content.decode()
+    bulk = html[html.index('<form id="bulk"') : html.index("</form>", html.index('id="bulk"'))]
+    assert "<li>A note is required to reject.</li>" in bulk
+    effect.refresh_from_db()
+    assert effect.status == EffectStatus.AWAITING_APPROVAL
+
+
+def test_the_editor_shows_why_the_json_was_refused(client, operator, agent):
+    effect = awaiting_campaign(agent)
+    client.force_login(operator)
+
+    response = client.post(
+        reverse("console:edit", args=[effect.pk]),
+        {"args_hash": effect.args_hash, "args": "[1, 2]"},
+        headers=HTMX,
+    )
+
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert html.lstrip().startswith('<section id="review"')
+    assert "args: This must be a JSON object" in html

@@ -1,6 +1,5 @@
 """The console's relative times (``reltime``): the same words as Django's
-``timesince``/``timeuntil`` at depth 1, whatever the distance, although the text
-of distances under four weeks is made once per whole minute."""
+``timesince``/``timeuntil`` at depth 1, whatever the distance and the time zone."""
 
 from __future__ import annotations
 
