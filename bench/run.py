@@ -5,8 +5,9 @@
 1. Creates its own database (``startsafe_bench``, or the one ``DATABASE_URL``
    names), migrates it and seeds it (``bench/seed.py``).
 2. Starts gunicorn as in production (sync workers, ``DEBUG=0``, a ``SECRET_KEY``)
-   with the baseline view mounted (``STARTSAFE_BENCH_BASELINE=1``), on loopback.
-3. Loads it with ``wrk`` (``bench/lua/``): the baseline, the poll (200), the poll
+   on loopback, and beside it, with the same flags on the same database, the
+   baseline: a separate minimal Django project (``bench/baseline/``).
+3. Loads them with ``wrk`` (``bench/lua/``): the baseline, the poll (200), the poll
    with ``If-None-Match`` (304), and record + complete; interleaved in rounds, so
    the noise of a shared machine hits all of them alike, and reported as ratios.
 4. Times the console's pages in-process (Django's test client) with their query
@@ -107,11 +108,12 @@ def peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
-def start_server(env: dict, port: int, workers: int) -> subprocess.Popen:
+def start_server(env: dict, port: int, workers: int, app: str) -> subprocess.Popen:
+    """gunicorn serving ``app``; the project and the baseline get the same flags."""
     server = subprocess.Popen(
         [
             str(VENV_BIN / "gunicorn"),
-            "startsafe.wsgi:application",
+            app,
             "--bind",
             f"127.0.0.1:{port}",
             "--workers",
@@ -129,6 +131,7 @@ def start_server(env: dict, port: int, workers: int) -> subprocess.Popen:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
+            # Any answer will do (the baseline answers /healthz with a 404).
             if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code < 600:
                 return server
         except httpx.HTTPError:
@@ -306,7 +309,7 @@ def render(results: dict) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     names = {
-        "baseline": "baseline: one row by primary key, no auth",
+        "baseline": "baseline: a minimal Django project, one row by primary key",
         "poll": "poll `GET /api/v1/effects/{id}` → 200",
         "poll304": "poll with `If-None-Match` → 304",
         "write": "record a keyed call + complete it (requests)",
@@ -411,7 +414,6 @@ def main() -> None:
         "DEBUG": "0",
         "SECRET_KEY": "bench-" + uuid.uuid4().hex * 2,
         "ALLOWED_HOSTS": "127.0.0.1,localhost,testserver",
-        "STARTSAFE_BENCH_BASELINE": "1",
         # Counted as in production, but too high to refuse: the bench is one token.
         "STARTSAFE_RATE_LIMIT": "1000000000/minute",
         # The sweep's hand-offs and notifications must not reach a shared broker folder.
@@ -438,7 +440,7 @@ def main() -> None:
 
     log(f"database {urlsplit(url).path.lstrip('/')}: recreate, migrate")
     recreate_database(url)
-    server = None
+    servers: list[subprocess.Popen] = []
     try:
         import django
 
@@ -464,9 +466,17 @@ def main() -> None:
         if blocked != Run.objects.filter(blocked_runs_filter()).count():
             raise SystemExit("the seed's verdict_blocked disagrees with runs/verdict.py")
 
-        port = free_port()
-        server = start_server(env, port, args.workers)
+        port, baseline_port = free_port(), free_port()
+        servers.append(start_server(env, port, args.workers, "startsafe.wsgi:application"))
+        # The baseline: its own settings module, the same flags and database.
+        baseline_env = {**env, "DJANGO_SETTINGS_MODULE": "bench.baseline.settings"}
+        servers.append(
+            start_server(
+                baseline_env, baseline_port, args.workers, "bench.baseline.wsgi:application"
+            )
+        )
         base = f"http://127.0.0.1:{port}"
+        baseline_base = f"http://127.0.0.1:{baseline_port}"
         import httpx
 
         headers = {"Authorization": f"Bearer {BENCH_TOKEN}"}
@@ -482,7 +492,8 @@ def main() -> None:
                 http.get(f"/api/v1/effects/{first}", headers={"If-None-Match": etag}).status_code
                 == 304
             )
-            assert http.get(f"/bench/baseline/{first}").status_code == 200
+            baseline_answer = httpx.get(f"{baseline_base}/baseline/{first}")
+            assert baseline_answer.status_code == 200, baseline_answer.text
             runs_file = var_dir / "runs.txt"
             with runs_file.open("w") as runs_out:
                 for n in range(args.connections):  # one run per write connection
@@ -499,17 +510,24 @@ def main() -> None:
             "BENCH_RUNS": str(runs_file),
         }
         plans = {
-            "baseline": ("read.lua", {"BENCH_MODE": "baseline"}, 2, args.connections),
-            "poll": ("read.lua", {"BENCH_MODE": "poll"}, 2, args.connections),
-            "poll304": ("read.lua", {"BENCH_MODE": "poll304"}, 2, args.connections),
+            "baseline": (
+                baseline_base,
+                "read.lua",
+                {"BENCH_MODE": "baseline"},
+                2,
+                args.connections,
+            ),
+            "poll": (base, "read.lua", {"BENCH_MODE": "poll"}, 2, args.connections),
+            "poll304": (base, "read.lua", {"BENCH_MODE": "poll304"}, 2, args.connections),
             # As many connections as the reads (a path measured with fewer would leave
             # workers idle between its requests): one wrk thread per connection,
             # since each owns a run and the effect it just recorded.
-            "write": ("write.lua", {}, args.connections, args.connections),
+            "write": (base, "write.lua", {}, args.connections, args.connections),
             # The same writes without request idempotency, as a client that sends no
             # Idempotency-Key would make them: what that protection costs (the
             # target is judged on the row above, as the Python client writes).
             "write_bare": (
+                base,
                 "write.lua",
                 {"BENCH_IDEMPOTENCY": "0"},
                 args.connections,
@@ -517,15 +535,15 @@ def main() -> None:
             ),
         }
         log("warming up")
-        for name, (script, extra, threads, conns) in plans.items():
-            wrk(script, base, 2, threads, conns, {**wrk_env, **extra, "BENCH_STAMP": f"w{name}"})
+        for name, (target, script, extra, threads, conns) in plans.items():
+            wrk(script, target, 2, threads, conns, {**wrk_env, **extra, "BENCH_STAMP": f"w{name}"})
         rounds: dict[str, list[dict]] = {name: [] for name in plans}
         for r in range(args.rounds):
-            for name, (script, extra, threads, conns) in plans.items():
+            for name, (target, script, extra, threads, conns) in plans.items():
                 stamp = f"{r}-{uuid.uuid4().hex[:6]}"
                 got = wrk(
                     script,
-                    base,
+                    target,
                     args.duration,
                     threads,
                     conns,
@@ -557,10 +575,15 @@ def main() -> None:
             if name != "baseline"
         }
         results["loadavg"] = os.getloadavg()
-        results["web_rss_mb"] = max(peak_rss_mb(pid) for pid in children_of(server.pid))
-        server.terminate()
-        server.wait(timeout=30)
-        server = None
+        results["web_rss_mb"] = max(peak_rss_mb(pid) for pid in children_of(servers[0].pid))
+        baseline_server = servers.pop()  # the baseline's part is done
+        baseline_server.terminate()
+        baseline_server.wait(timeout=30)
+
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=30)
+        servers.clear()
 
         log("console pages")
         results["console"] = measure_console(seeded, args.console_repeat)
@@ -572,7 +595,7 @@ def main() -> None:
         results["sweep"] = measure_sweep(env, 0.01)
         log(f"  {results['sweep']}")
     finally:
-        if server is not None:
+        for server in servers:
             server.terminate()
             server.wait(timeout=30)
         try:

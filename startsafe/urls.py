@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import os
-
 from django.contrib import admin
 from django.urls import include, path
 
@@ -20,10 +18,3 @@ urlpatterns = [
     path("metrics", health.metrics, name="metrics"),
     path("", include("approvals.urls")),
 ]
-
-if os.environ.get("STARTSAFE_BENCH_BASELINE") == "1":
-    # make bench's baseline (bench/views.py): only in the benchmark's server, never in
-    # production, since it answers any effect's status to anyone.
-    from bench.views import baseline
-
-    urlpatterns.insert(0, path("bench/baseline/<uuid:effect_id>", baseline))

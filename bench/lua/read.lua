@@ -1,4 +1,5 @@
--- make bench: the approval poll and the baseline, one request per effect id in turn.
+-- make bench: the approval poll and the baseline (bench/baseline/, a server of its own),
+-- one request per effect id in turn.
 -- BENCH_MODE: baseline | poll | poll304; BENCH_TARGETS: a file of "effect_id etag" lines.
 local mode = os.getenv("BENCH_MODE")
 local auth = "Bearer " .. (os.getenv("BENCH_TOKEN") or "")
@@ -18,7 +19,7 @@ function request()
   i = i % #targets + 1
   local t = targets[i]
   if mode == "baseline" then
-    return wrk.format("GET", "/bench/baseline/" .. t[1])
+    return wrk.format("GET", "/baseline/" .. t[1])
   end
   local headers = { ["Authorization"] = auth }
   if mode == "poll304" then
