@@ -27,8 +27,8 @@ $(VENV)/.installed-test: pyproject.toml startsafe_client/pyproject.toml | $(VENV
 	$(VENV)/bin/pip install --quiet -e '.[test]' -e './startsafe_client[pydantic-ai,openai-agents,langchain]'
 	touch $@ $(VENV)/.installed-run
 
-$(VENV)/.installed-bench: pyproject.toml | $(VENV)/bin/python
-	$(VENV)/bin/pip install --quiet -e '.[bench]'
+$(VENV)/.installed-bench: pyproject.toml startsafe_client/pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/pip install --quiet -e '.[bench]' -e ./startsafe_client
 	touch $@ $(VENV)/.installed-run
 
 install: $(VENV)/.installed-run

@@ -10,9 +10,12 @@
 3. Loads them with ``wrk`` (``bench/lua/``): the baseline, the poll (200), the poll
    with ``If-None-Match`` (304), and record + complete; interleaved in rounds, so
    the noise of a shared machine hits all of them alike, and reported as ratios.
-4. Times the console's pages in-process (Django's test client) with their query
+4. Runs the same four-step agent through startsafe (over HTTP, on that server),
+   DBOS and LangGraph (each on a database of its own on the same PostgreSQL), in
+   interleaved rounds (``bench/peers.py``).
+5. Times the console's pages in-process (Django's test client) with their query
    counts, then the sweep in a fresh process with its peak memory.
-5. Writes the table into ``docs/performance.md`` and drops the database.
+6. Writes the table into ``docs/performance.md`` and drops the databases.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import time
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+from bench import peers
 
 ROOT = Path(__file__).resolve().parent.parent
 LUA = Path(__file__).resolve().parent / "lua"
@@ -347,6 +352,13 @@ def render(results: dict) -> str:
             + ".",
             "",
         ]
+    if results.get("peers"):
+        lines += peers.render(results["peers"], results["rounds"])
+        lines += [
+            f"Load average after the peers: {results['peers_loadavg'][0]:.1f} (1 min), "
+            f"{results['peers_loadavg'][1]:.1f} (5 min).",
+            "",
+        ]
     lines += [
         f"Peak RSS of a web worker after the load: {results['web_rss_mb']:.0f} MiB "
         f"(max of {results['workers']} workers).",
@@ -401,6 +413,10 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=8, help="wrk connections (reads)")
     # 200, so that p99 is a percentile: of 40 requests it was the slowest one.
     parser.add_argument("--console-repeat", type=int, default=200)
+    # Per peer and round: 40 agents, 120 effect steps (about 5 s for startsafe).
+    parser.add_argument(
+        "--peer-agents", type=int, default=40, help="agents per peer and round (0: no peers)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the bench database")
     parser.add_argument("--no-report", action="store_true", help="do not touch docs/")
     args = parser.parse_args()
@@ -440,6 +456,11 @@ def main() -> None:
 
     log(f"database {urlsplit(url).path.lstrip('/')}: recreate, migrate")
     recreate_database(url)
+    # DBOS's and LangGraph's own databases, on the same server (bench/peers.py).
+    peer_urls = {
+        peer: urlunsplit(urlsplit(url)._replace(path=f"{urlsplit(url).path}_{peer}"))
+        for peer in ("dbos", "langgraph")
+    }
     servers: list[subprocess.Popen] = []
     try:
         import django
@@ -580,6 +601,20 @@ def main() -> None:
         baseline_server.terminate()
         baseline_server.wait(timeout=30)
 
+        if args.peer_agents:
+            log("peers: startsafe, DBOS, LangGraph")
+            for peer_url in peer_urls.values():
+                recreate_database(peer_url)
+            peer_env = {**env, "BENCH_TOKEN": BENCH_TOKEN}
+            envs = {
+                "startsafe": {**peer_env, "BENCH_PEER_URL": base},
+                **{
+                    name: {**peer_env, "BENCH_PEER_URL": psycopg_dsn(peer_url)}
+                    for name, peer_url in peer_urls.items()
+                },
+            }
+            results["peers"] = peers.measure(envs, args.rounds, args.peer_agents, log=log)
+            results["peers_loadavg"] = os.getloadavg()
         for server in servers:
             server.terminate()
             server.wait(timeout=30)
@@ -609,7 +644,9 @@ def main() -> None:
             pass
         if not args.keep:
             drop_database(url)
-            log("bench database dropped")
+            for peer_url in peer_urls.values():
+                drop_database(peer_url)
+            log("bench databases dropped")
         shutil.rmtree(var_dir, ignore_errors=True)
 
     text = render(results)
