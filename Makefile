@@ -4,16 +4,22 @@
 #   make test  install what the tests need and run the whole suite on PostgreSQL
 #   make bench seed a PostgreSQL database at scale, serve it with gunicorn, measure
 #              (docs/performance.md; BENCH_ARGS='--scale 0.01' for a quick run)
+#   make mutate  mutation testing of the rule modules (mutmut; docs/guarantees.md,
+#              "Mutation testing"); not part of make test
 
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TEST_DATABASE_URL := $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/startsafe)
+# make mutate's own database by default, so it can run beside make test; MUTATE_JOBS
+# mutants at a time (each on its own copy of the test database, mutate/pytest_plugin.py).
+MUTATE_DATABASE_URL := $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/startsafe_mutate)
+MUTATE_JOBS ?= 1
 # make run's web server port (PORT=8001 make run, or make run PORT=8001).
 PORT ?= 8000
 
-.PHONY: run test lint format install install-test clean bench
+.PHONY: run test lint format install install-test clean bench mutate
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +36,10 @@ $(VENV)/.installed-test: pyproject.toml startsafe_client/pyproject.toml | $(VENV
 $(VENV)/.installed-bench: pyproject.toml startsafe_client/pyproject.toml | $(VENV)/bin/python
 	$(VENV)/bin/pip install --quiet -e '.[bench]' -e ./startsafe_client
 	touch $@ $(VENV)/.installed-run
+
+$(VENV)/.installed-mutate: pyproject.toml $(VENV)/.installed-test
+	$(VENV)/bin/pip install --quiet -e '.[test,mutate]'
+	touch $@
 
 install: $(VENV)/.installed-run
 install-test: $(VENV)/.installed-test
@@ -62,6 +72,21 @@ test: install-test
 bench: $(VENV)/.installed-bench
 	$(PY) -m bench.run $(BENCH_ARGS)
 
+# Mutation testing: [tool.mutmut] in pyproject.toml names the rule modules and the tests
+# that own them; mutmut runs, per mutant, only the tests that reach the mutated function,
+# MUTATE_JOBS mutants at a time (1: the machine is shared; 2 on an idle 2-core one).
+# Starts afresh: mutants/ holds one run's
+# results. MUTATE_RESUME=1 goes on with a stopped run (or re-tests only the functions
+# changed since). The report (var/mutate/report.txt) lists every mutant not killed;
+# mutate.report fails under MUTATE_MIN_SCORE (90) percent killed or on a survivor
+# docs/guarantees.md does not judge.
+mutate: $(VENV)/.installed-mutate
+	@$(PY) -m startsafe.checkdb "$(MUTATE_DATABASE_URL)"
+	$(if $(MUTATE_RESUME),,rm -rf mutants)
+	DATABASE_URL="$(MUTATE_DATABASE_URL)" DEBUG=1 MUTATE_JOBS=$(MUTATE_JOBS) \
+		$(VENV)/bin/mutmut run --max-children $(MUTATE_JOBS)
+	$(PY) -m mutate.report
+
 lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -71,4 +96,4 @@ format: install-test
 	$(VENV)/bin/ruff format .
 
 clean:
-	rm -rf var .pytest_cache
+	rm -rf var .pytest_cache mutants
