@@ -15,7 +15,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from lifecycle_helpers import send, start
 
-from approvals.decisions import abandon_run, allow_restart, approve_effect, mark_effect_done
+from approvals.decisions import (
+    abandon_run,
+    allow_restart,
+    approve_effect,
+    mark_effect_done,
+    release_effect,
+)
 from runs.lifecycle import finish_run
 from runs.models import AuditEvent, Run, RunStatus
 from runs.sweep import sweep
@@ -97,3 +103,27 @@ def test_an_abandoned_run_is_no_longer_handed_back_and_its_override_is_gone(agen
     assert run.status == RunStatus.ABANDONED
     assert run.restart_ready is False
     assert (run.override_by, run.override_at, run.override_note) == (None, None, "")
+
+
+@pytest.mark.parametrize("decide", [release_effect, mark_effect_done])
+def test_a_release_or_mark_done_records_its_decision_and_note_in_full(agent, operator, decide):
+    run = start(agent, now=T0).run
+    effect = send(agent, run, now=T0).effect
+    start(agent, supersede=1, now=T0)  # its attempt stopped: unknown
+    effect.refresh_from_db()
+    now = T0 + timedelta(minutes=1)
+
+    decide(operator, effect.pk, args_hash=effect.args_hash, note="checked the outbox", now=now)
+
+    effect.refresh_from_db()
+    verb = "released" if decide is release_effect else "marked_done"
+    assert effect.decision == {
+        "verb": verb,
+        "by": "olivia",
+        "at": now.isoformat(),
+        "note": "checked the outbox",
+        "args_hash": effect.args_hash,
+        "final": False,
+    }
+    event = _event(verb, effect=effect)
+    assert (event.actor, event.at, event.note) == ("olivia", now, "checked the outbox")
