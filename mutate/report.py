@@ -15,6 +15,7 @@ function passed), "no tests" (no selected test reaches the function at all) and
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import sys
@@ -22,19 +23,101 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
+import libcst as cst
 from mutmut.mutation.data import SourceFileMutationData
-from mutmut.mutation.diff_apply import get_diff_for_mutant
+from mutmut.mutation.diff_apply import (
+    get_diff_for_mutant,
+    read_functions_from_index,
+    read_mutant_function,
+    read_mutants_module,
+    read_original_function,
+)
 from mutmut.stats import status_by_exit_code
 from mutmut.utils.file_utils import walk_mutatable_files
 
 REPORT = Path("var/mutate/report.txt")
 GUARANTEES = Path("docs/guarantees.md")
 KILLED = {"killed", "timeout", "caught by type check"}
+UNFINISHED = {"not checked", "check was interrupted by user"}
 NOT_JUDGED = "NOT JUDGED: a gap in the tests until shown otherwise"
 # A row of the survivors table in docs/guarantees.md: | `runs.calls.x_f__mutmut_3` | ... |
 JUDGED_ROW = re.compile(
     r"^\|\s*`(?P<name>[\w.]+__mutmut_\d+)`\s*\|.*\|\s*(?P<reason>[^|]+?)\s*\|\s*$"
 )
+
+
+# Kinds of change judged harmless wherever they are (docs/guarantees.md says why);
+# every other survivor is judged by name there.
+KINDS = {
+    "message": "an error's message text (its code and details are the contract)",
+    "log": "a log line's text or fields (for people reading the log)",
+}
+
+
+def _error_classes() -> set[str]:
+    tree = ast.parse(Path("runs/errors.py").read_text(encoding="utf-8"))
+    return {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def _functions(name: str, path: str) -> tuple[ast.AST, ast.AST]:
+    functions = read_functions_from_index(name, path)
+    if functions is None:
+        module = read_mutants_module(path)
+        functions = (read_original_function(module, name), read_mutant_function(module, name))
+    return tuple(ast.parse(cst.Module([function]).code) for function in functions)
+
+
+def _change(a, b, parents=()):
+    """Where two trees first differ: (the nodes above it, the old part, the new part)."""
+    if type(a) is not type(b):
+        return parents, a, b
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return parents, a, b
+        for x, y in zip(a, b, strict=True):
+            if site := _change(x, y, parents):
+                return site
+        return None
+    if isinstance(a, ast.AST):
+        for field in a._fields:
+            if site := _change(getattr(a, field, None), getattr(b, field, None), (*parents, a)):
+                return site
+        return None
+    return None if a == b else (parents, a, b)
+
+
+def kind_of(name: str, path: str, errors: set[str]) -> str | None:
+    """ "message" or "log" when the mutant changes only such a text, else None."""
+    site = _change(*_functions(name, path))
+    if site is None:
+        return None
+    parents, old, new = site
+    if isinstance(old, str) and parents and isinstance(parents[-1], ast.Constant):
+        text, parents = parents[-1], parents[:-1]
+    elif isinstance(old, ast.Constant | ast.JoinedStr) and not isinstance(new, list):
+        text = old
+    else:
+        return None
+    if not isinstance(text, ast.JoinedStr) and not isinstance(text.value, str):
+        return None
+    for node in reversed(parents):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "logger"
+        ):
+            return "log"
+    call = parents[-1] if parents else None
+    if (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id in errors
+        and call.args
+        and call.args[0] is text
+    ):
+        return "message"
+    return None
 
 
 def judged_survivors(text: str) -> dict[str, str]:
@@ -76,11 +159,14 @@ def render(results, judged, *, now: datetime) -> tuple[str, int, int, list[str]]
         "Mutants not killed (docs/guarantees.md, 'Mutation testing', says why each may be):",
     ]
     not_judged = []
+    errors = _error_classes()
     for path, by_name in results.items():
         for name, status in sorted(by_name.items(), key=lambda item: _natural(item[0])):
-            if status in KILLED:
+            if status in KILLED or status in UNFINISHED:
                 continue
             reason = judged.get(name)
+            if reason is None and (kind := kind_of(name, path, errors)):
+                reason = f"{kind}: {KINDS[kind]}"
             if reason is None:
                 not_judged.append(name)
             lines += [
@@ -109,11 +195,15 @@ def main() -> int:
         return 2
     judged = judged_survivors(GUARANTEES.read_text(encoding="utf-8"))
     text, killed, total, not_judged = render(results, judged, now=datetime.now(UTC))
+    unfinished = sum(s in UNFINISHED for by_name in results.values() for s in by_name.values())
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     REPORT.write_text(text, encoding="utf-8")
     print(text.split("\n\n", 2)[1])
     print(f"\nEvery mutant not killed, with its diff: {REPORT}")
     failed = False
+    if unfinished:
+        print(f"{unfinished} mutants not checked: the run was stopped (MUTATE_RESUME=1 goes on).")
+        failed = True
     if 100 * killed / total < floor:
         print(f"The score is under MUTATE_MIN_SCORE={floor:g}%.")
         failed = True
