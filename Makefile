@@ -16,6 +16,7 @@ TEST_DATABASE_URL := $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/sta
 # mutants at a time (each on its own copy of the test database, mutate/pytest_plugin.py).
 MUTATE_DATABASE_URL := $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/startsafe_mutate)
 MUTATE_JOBS ?= 1
+MUTMUT = DATABASE_URL="$(MUTATE_DATABASE_URL)" DEBUG=1 MUTATE_JOBS=$(MUTATE_JOBS) $(VENV)/bin/mutmut
 # make run's web server port (PORT=8001 make run, or make run PORT=8001).
 PORT ?= 8000
 
@@ -75,16 +76,18 @@ bench: $(VENV)/.installed-bench
 # Mutation testing: [tool.mutmut] in pyproject.toml names the rule modules and the tests
 # that own them; mutmut runs, per mutant, only the tests that reach the mutated function,
 # MUTATE_JOBS mutants at a time (1: the machine is shared; 2 on an idle 2-core one).
-# Starts afresh: mutants/ holds one run's
-# results. MUTATE_RESUME=1 goes on with a stopped run (or re-tests only the functions
-# changed since). The report (var/mutate/report.txt) lists every mutant not killed;
-# mutate.report fails under MUTATE_MIN_SCORE (90) percent killed or on a survivor
-# docs/guarantees.md does not judge.
+# Starts afresh: mutants/ holds one run's results. MUTATE_RESUME=1 goes on with a
+# stopped run, re-tests the functions changed since, then the mutants not killed
+# (mutmut keeps a verdict until it is named); a change to [tool.mutmut]'s test list
+# makes mutmut start afresh anyway. The report (var/mutate/report.txt) lists every
+# mutant not killed; mutate.report fails under MUTATE_MIN_SCORE (90) percent killed
+# or on a survivor docs/guarantees.md does not judge.
 mutate: $(VENV)/.installed-mutate
 	@$(PY) -m startsafe.checkdb "$(MUTATE_DATABASE_URL)"
 	$(if $(MUTATE_RESUME),,rm -rf mutants)
-	DATABASE_URL="$(MUTATE_DATABASE_URL)" DEBUG=1 MUTATE_JOBS=$(MUTATE_JOBS) \
-		$(VENV)/bin/mutmut run --max-children $(MUTATE_JOBS)
+	$(MUTMUT) run --max-children $(MUTATE_JOBS)
+	$(if $(MUTATE_RESUME),names=$$($(PY) -m mutate.report --not-killed); \
+		[ -z "$$names" ] || $(MUTMUT) run --max-children $(MUTATE_JOBS) $$names)
 	$(PY) -m mutate.report
 
 lint: install-test

@@ -6,6 +6,7 @@ either with the reason docs/guarantees.md gives for it ("Mutation testing",
 its survivors table) or as NOT JUDGED: a one-line bug the tests let through that
 nobody has looked at yet. Prints the summary; exits 1 when the score is under
 ``MUTATE_MIN_SCORE`` percent (default 90) or a survivor is not judged.
+``--not-killed`` only prints the names of the mutants not killed.
 
 Killed: a selected test failed (or ran past its timeout: in make test too, a run
 that never ends fails). Not killed: "survived" (every test that reaches the
@@ -190,6 +191,11 @@ def _natural(name: str):
 def main() -> int:
     floor = float(os.environ.get("MUTATE_MIN_SCORE", "90"))
     results = collect()
+    if sys.argv[1:] == ["--not-killed"]:
+        # For make mutate MUTATE_RESUME=1: mutmut re-tests a mutant only when named.
+        for by_name in results.values():
+            print("\n".join(n for n, s in by_name.items() if s not in KILLED | UNFINISHED))
+        return 0
     if not any(results.values()):
         print("No mutmut results in mutants/: run `make mutate` first.")
         return 2
