@@ -20,6 +20,7 @@ from approvals.decisions import (
     allow_restart,
     approve_effect,
     mark_effect_done,
+    reject_effect,
     release_effect,
 )
 from runs.lifecycle import finish_run
@@ -127,3 +128,24 @@ def test_a_release_or_mark_done_records_its_decision_and_note_in_full(agent, ope
     }
     event = _event(verb, effect=effect)
     assert (event.actor, event.at, event.note) == ("olivia", now, "checked the outbox")
+
+
+@pytest.mark.parametrize("final", [False, True])
+def test_a_rejection_records_its_decision_and_whether_it_is_final(agent, operator, final):
+    run = start(agent, now=T0).run
+    effect = send(agent, run, needs_approval=True, now=T0).effect
+
+    reject_effect(
+        operator, effect.pk, args_hash=effect.args_hash, note="not to them", final=final, now=T0
+    )
+
+    effect.refresh_from_db()
+    assert effect.decision == {
+        "verb": "rejected",
+        "by": "olivia",
+        "at": T0.isoformat(),
+        "note": "not to them",
+        "args_hash": effect.args_hash,
+        "final": final,
+    }
+    assert _event("rejected", effect=effect).data == {"final": final}
