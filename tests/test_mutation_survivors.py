@@ -1,6 +1,10 @@
-"""The answers of a claim and a heartbeat say what the journal holds after them.
+"""Tests that kill one surviving mutant each, where no test module of the rule fits.
 
-``make mutate`` survivors: a claim of an effect still awaiting approval, within its
+``make mutate`` (docs/guarantees.md, "Mutation testing") runs the tests listed in
+[tool.mutmut]; a test added here needs no change to that list, so
+``make mutate MUTATE_RESUME=1`` re-tests the survivors against it without starting
+afresh. The answers of a claim and a heartbeat say what the journal holds after them:
+a claim of an effect still awaiting approval, within its
 deadline, was never asked for (the answer's ``action_for`` then compares the
 deadline with no time at all); a heartbeat's returned run was never read (its
 ``heartbeat_at`` could be anything).
