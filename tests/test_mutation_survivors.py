@@ -17,8 +17,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from lifecycle_helpers import send, start
 
+from approvals.decisions import approve_effect
+from approvals.models import Approval
+from runs.canonical import args_hash as compute_args_hash
+from runs.errors import InvalidRequest, NotAllowed
 from runs.lifecycle import heartbeat
-from runs.models import EffectStatus, Run
+from runs.models import AuditEvent, Effect, EffectStatus, EffectVersion, Run
 from runs.outcomes import claim_effect
 
 pytestmark = pytest.mark.django_db
@@ -47,3 +51,103 @@ def test_a_heartbeat_answers_the_run_as_it_now_stands(agent):
     stored = Run.objects.get(pk=run.pk)
     assert (answered.heartbeat_at, answered.stale_at) == (now, now + timedelta(seconds=30))
     assert (stored.heartbeat_at, stored.stale_at) == (answered.heartbeat_at, answered.stale_at)
+
+
+# --- Approvals (approvals/decisions.py, approve_effect) -------------------------------
+# The tests of approvals read the status an approval leaves; make mutate found the
+# rest unread: the version an edit writes, its event, the note, the approval row of
+# an operator approving again content they approved before, the refusals' details.
+
+
+def _awaiting(agent, required=1):
+    run = start(agent, now=T0).run
+    return send(
+        agent, run, needs_approval=True, approvals_required=required, args={"to": "a"}, now=T0
+    ).effect
+
+
+def test_an_approval_with_edits_records_the_new_version_its_event_and_the_note(agent, operator):
+    effect = _awaiting(agent)
+    seen = effect.args_hash
+    edited = {"to": "b"}
+
+    approve_effect(
+        operator, effect.pk, args_hash=seen, note="  fixed the address ", edited_args=edited, now=T0
+    )
+
+    effect.refresh_from_db()
+    new_hash = compute_args_hash(edited)
+    assert (effect.status, effect.args, effect.args_hash) == ("approved", edited, new_hash)
+    version = EffectVersion.objects.get(effect=effect, number=2)
+    assert (version.args, version.args_hash, version.adopted, version.at) == (
+        edited,
+        new_hash,
+        True,
+        T0,
+    )
+    assert version.author == "operator:olivia"
+    edit = AuditEvent.objects.get(effect=effect, verb="args_edited")
+    assert edit.note == "fixed the address"
+    assert edit.data == {"args_hash": new_hash, "previous_args_hash": seen}
+    approval = Approval.objects.get(effect=effect)
+    assert (approval.args_hash, approval.note, approval.at) == (new_hash, "fixed the address", T0)
+    assert effect.decision["note"] == "fixed the address"
+
+
+def test_an_approval_without_a_note_keeps_none(agent, operator):
+    effect = _awaiting(agent)
+
+    approve_effect(operator, effect.pk, args_hash=effect.args_hash, now=T0)
+
+    effect.refresh_from_db()
+    assert Approval.objects.get(effect=effect).note == ""
+    assert effect.current_approvals[0]["note"] == "" and effect.decision["note"] == ""
+
+
+def test_edited_arguments_that_are_not_an_object_name_the_field(agent, operator):
+    effect = _awaiting(agent)
+
+    with pytest.raises(InvalidRequest) as refused:
+        approve_effect(operator, effect.pk, args_hash=effect.args_hash, edited_args=["b"])
+
+    assert refused.value.details == {"fields": {"args": "object"}}
+    assert isinstance(refused.value.message, str) and refused.value.message
+
+
+def test_approving_one_version_twice_is_refused_with_its_status(agent, operator):
+    effect = _awaiting(agent, required=2)
+    approve_effect(operator, effect.pk, args_hash=effect.args_hash, now=T0)
+
+    with pytest.raises(NotAllowed) as refused:
+        approve_effect(operator, effect.pk, args_hash=effect.args_hash, now=T0)
+
+    assert refused.value.details == {"status": "awaiting_approval"}
+
+
+def test_approving_again_content_approved_in_an_earlier_version_refreshes_that_approval(
+    agent, operator, second_operator
+):
+    """v1 approved by Olivia and Oscar, edited to v2 by Oscar, edited back to v1 and
+    approved by Olivia: her approval row of v1's content is the one she gives now,
+    and Oscar's stays his."""
+    effect = _awaiting(agent, required=3)
+    v1 = effect.args_hash
+    approve_effect(operator, effect.pk, args_hash=v1, note="first", now=T0)
+    approve_effect(second_operator, effect.pk, args_hash=v1, note="oscar's", now=T0)
+    later = T0 + timedelta(minutes=5)
+    approve_effect(second_operator, effect.pk, args_hash=v1, edited_args={"to": "b"}, now=later)
+    v2 = Effect.objects.get(pk=effect.pk).args_hash
+
+    approve_effect(
+        operator, effect.pk, args_hash=v2, note="again", edited_args={"to": "a"}, now=later
+    )
+
+    effect.refresh_from_db()
+    assert effect.args_hash == v1 and effect.status == "awaiting_approval"
+    mine = Approval.objects.get(effect=effect, user=operator, args_hash=v1)
+    assert (mine.note, mine.at) == ("again", later)
+    his = Approval.objects.get(effect=effect, user=second_operator, args_hash=v1)
+    assert (his.note, his.at) == ("oscar's", T0)
+    assert Approval.objects.get(effect=effect, user=second_operator, args_hash=v2).at == later
+    added = AuditEvent.objects.filter(effect=effect, verb="approval_added").order_by("id").last()
+    assert added.data == {"approvals": 1, "required": 3}
