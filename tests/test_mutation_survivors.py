@@ -20,7 +20,7 @@ from lifecycle_helpers import send, start
 from approvals.decisions import approve_effect
 from approvals.models import Approval
 from runs.canonical import args_hash as compute_args_hash
-from runs.errors import InvalidRequest, NotAllowed
+from runs.errors import ClaimConflict, InvalidRequest, NotAllowed, NotFound
 from runs.lifecycle import heartbeat
 from runs.models import AuditEvent, Effect, EffectStatus, EffectVersion, Run
 from runs.outcomes import claim_effect
@@ -151,3 +151,26 @@ def test_approving_again_content_approved_in_an_earlier_version_refreshes_that_a
     assert Approval.objects.get(effect=effect, user=second_operator, args_hash=v2).at == later
     added = AuditEvent.objects.filter(effect=effect, verb="approval_added").order_by("id").last()
     assert added.data == {"approvals": 1, "required": 3}
+
+
+# --- Whose effect (runs/lifecycle.py lock_effect, runs/outcomes.py) ------------------
+
+
+def test_an_agent_cannot_claim_another_agents_effect_it_is_not_found(agent, other_agent):
+    effect = send(agent, start(agent, now=T0).run, now=T0).effect
+    theirs = start(other_agent, now=T0).run
+
+    with pytest.raises(NotFound):
+        claim_effect(other_agent, effect.pk, run_id=theirs.pk, attempt=1, now=T0)
+
+
+def test_a_run_whose_calls_named_other_effects_cannot_claim_this_one(agent):
+    run = start(agent, now=T0).run
+    effect = send(agent, run, key="mail:1", now=T0).effect
+    other = start(agent, "job-2", now=T0).run
+    send(agent, other, key="mail:2", now=T0)  # it recorded a call, not to this effect
+
+    with pytest.raises(ClaimConflict) as refused:
+        claim_effect(agent, effect.pk, run_id=other.pk, attempt=1, now=T0)
+
+    assert refused.value.details == {"status": "in_flight"}
