@@ -17,13 +17,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from lifecycle_helpers import send, start
 
-from approvals.decisions import approve_effect
+from approvals.decisions import approve_effect, reject_effect
 from approvals.models import Approval
+from runs import sweep as sweep_module
 from runs.canonical import args_hash as compute_args_hash
 from runs.errors import ClaimConflict, InvalidRequest, NotAllowed, NotFound
 from runs.lifecycle import heartbeat
 from runs.models import AuditEvent, Effect, EffectStatus, EffectVersion, Run
 from runs.outcomes import claim_effect
+from runs.sweep import sweep
 
 pytestmark = pytest.mark.django_db
 
@@ -174,3 +176,49 @@ def test_a_run_whose_calls_named_other_effects_cannot_claim_this_one(agent):
         claim_effect(agent, effect.pk, run_id=other.pk, attempt=1, now=T0)
 
     assert refused.value.details == {"status": "in_flight"}
+
+
+# --- Notes (approvals/decisions.py, _require_note) -------------------------------------
+
+
+@pytest.mark.parametrize("note", ["", "   ", None])
+def test_a_decision_that_needs_a_note_refuses_none_and_names_the_field(agent, operator, note):
+    run = start(agent, now=T0).run
+    effect = send(agent, run, needs_approval=True, now=T0).effect
+
+    with pytest.raises(InvalidRequest) as refused:
+        reject_effect(operator, effect.pk, args_hash=effect.args_hash, note=note, now=T0)
+
+    assert refused.value.details == {"fields": {"note": "required"}}
+    assert isinstance(refused.value.message, str) and refused.value.message
+
+
+# --- The sweep's batch (runs/sweep.py, interrupt_stale_runs) ---------------------------
+
+
+def test_ordinary_stale_runs_are_interrupted_by_the_batch_not_its_fallback(
+    agent, monkeypatch, settings
+):
+    """The one-run-at-a-time fallback makes the same changes (tests/test_sweep_one_run_
+    at_a_time_does_what_the_batch_does.py), so a batch that always failed would pass
+    every test that looks at the rows: its dozen statements per run would go unseen."""
+    settings.STARTSAFE = {**settings.STARTSAFE, "AUTO_RESTART_CAP": 1}
+    monkeypatch.setattr("runs.handoff.enqueue_handoff", lambda run_id, attempt, **kw: None)
+    fallback = []
+    monkeypatch.setattr(
+        sweep_module, "interrupt_stale_run", lambda *args: fallback.append(args) or False
+    )
+    runs = [
+        start(agent, "with-effect", heartbeat_timeout=5, now=T0).run,
+        start(agent, "capped", heartbeat_timeout=5, now=T0).run,
+        start(agent, "manual", heartbeat_timeout=5, restart_policy="manual", now=T0).run,
+    ]
+    send(agent, runs[0], now=T0)
+    Run.objects.filter(pk=runs[1].pk).update(auto_restarts=1)
+
+    report = sweep(now=T0 + timedelta(seconds=6))
+
+    assert fallback == [] and report.errors == []
+    assert sorted(report.interrupted) == sorted(str(run.pk) for run in runs)
+    assert report.restart_ready == [str(runs[0].pk)]
+    assert sorted(report.needs_person) == sorted(str(run.pk) for run in runs[1:])
