@@ -6,7 +6,8 @@ either with the reason docs/guarantees.md gives for it ("Mutation testing",
 its survivors table) or as NOT JUDGED: a one-line bug the tests let through that
 nobody has looked at yet. Prints the summary; exits 1 when the score is under
 ``MUTATE_MIN_SCORE`` percent (default 90) or a survivor is not judged.
-``--not-killed`` only prints the names of the mutants not killed.
+``--not-killed`` only prints the names of the mutants not killed, ``--markdown`` the
+score table of docs/guarantees.md.
 
 Killed: a selected test failed (or ran past its timeout: in make test too, a run
 that never ends fails). Not killed: "survived" (every test that reaches the
@@ -41,10 +42,11 @@ GUARANTEES = Path("docs/guarantees.md")
 KILLED = {"killed", "timeout", "caught by type check"}
 UNFINISHED = {"not checked", "check was interrupted by user"}
 NOT_JUDGED = "NOT JUDGED: a gap in the tests until shown otherwise"
-# A row of the survivors table in docs/guarantees.md: | `runs.calls.x_f__mutmut_3` | ... |
+# A row of the survivors table in docs/guarantees.md: | `name`, `name` | change | reason |
 JUDGED_ROW = re.compile(
-    r"^\|\s*`(?P<name>[\w.]+__mutmut_\d+)`\s*\|.*\|\s*(?P<reason>[^|]+?)\s*\|\s*$"
+    r"^\|(?P<names>[^|]*__mutmut_\d+`[^|]*)\|[^|]*\|\s*(?P<reason>.+?)\s*\|\s*$"
 )
+NAME = re.compile(r"`([\w.]+__mutmut_\d+)`")
 
 
 # Kinds of change judged harmless wherever they are (docs/guarantees.md says why);
@@ -123,7 +125,12 @@ def kind_of(name: str, path: str, errors: set[str]) -> str | None:
 
 def judged_survivors(text: str) -> dict[str, str]:
     """Mutant name -> the reason docs/guarantees.md gives for letting it survive."""
-    return {m["name"]: m["reason"] for line in text.splitlines() if (m := JUDGED_ROW.match(line))}
+    return {
+        name: m["reason"]
+        for line in text.splitlines()
+        if (m := JUDGED_ROW.match(line))
+        for name in NAME.findall(m["names"])
+    }
 
 
 def collect() -> dict[str, dict[str, str]]:
@@ -196,6 +203,17 @@ def main() -> int:
         for by_name in results.values():
             print("\n".join(n for n, s in by_name.items() if s not in KILLED | UNFINISHED))
         return 0
+    if sys.argv[1:] == ["--markdown"]:
+        # The score table of docs/guarantees.md, "Mutation testing".
+        print("| module | killed | total | score |\n| --- | ---: | ---: | ---: |")
+        every = []
+        for path, by_name in results.items():
+            killed, total = score(by_name.values())
+            every += by_name.values()
+            print(f"| `{path}` | {killed:,} | {total:,} | {_pct(killed, total)} |")
+        killed, total = score(every)
+        print(f"| all | {killed:,} | {total:,} | {_pct(killed, total)} |")
+        return 0
     if not any(results.values()):
         print("No mutmut results in mutants/: run `make mutate` first.")
         return 2
@@ -213,6 +231,12 @@ def main() -> int:
     if 100 * killed / total < floor:
         print(f"The score is under MUTATE_MIN_SCORE={floor:g}%.")
         failed = True
+    survivors = {n for by_name in results.values() for n, s in by_name.items() if s not in KILLED}
+    gaps = sorted(n for n, reason in judged.items() if reason.startswith("GAP") and n in survivors)
+    if gaps:
+        print(f"{len(gaps)} known gaps, listed in {GUARANTEES} with the test that will kill them.")
+    if stale := sorted(set(judged) - survivors):
+        print(f"{len(stale)} judged in {GUARANTEES} are killed now or renamed: {', '.join(stale)}")
     if not_judged:
         print(
             f"{len(not_judged)} not killed and not judged in {GUARANTEES} (first: {not_judged[0]}):"
