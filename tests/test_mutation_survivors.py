@@ -23,9 +23,10 @@ from runs import sweep as sweep_module
 from runs.canonical import args_hash as compute_args_hash
 from runs.errors import ClaimConflict, InvalidRequest, NotAllowed, NotFound
 from runs.lifecycle import heartbeat
-from runs.models import AuditEvent, Effect, EffectStatus, EffectVersion, Run
+from runs.models import AuditEvent, Call, Effect, EffectStatus, EffectVersion, Run
 from runs.outcomes import claim_effect
 from runs.sweep import sweep
+from runs.verdict import restart_verdict, restart_verdicts
 
 pytestmark = pytest.mark.django_db
 
@@ -210,15 +211,40 @@ def test_ordinary_stale_runs_are_interrupted_by_the_batch_not_its_fallback(
     )
     runs = [
         start(agent, "with-effect", heartbeat_timeout=5, now=T0).run,
+        # An effect without a key that never started (it waits for a person) does not
+        # block a keyed run; one that started does.
+        start(agent, "unkeyed-awaiting", heartbeat_timeout=5, now=T0).run,
         start(agent, "capped", heartbeat_timeout=5, now=T0).run,
         start(agent, "manual", heartbeat_timeout=5, restart_policy="manual", now=T0).run,
     ]
     send(agent, runs[0], now=T0)
-    Run.objects.filter(pk=runs[1].pk).update(auto_restarts=1)
+    send(agent, runs[1], key=None, needs_approval=True, now=T0)
+    Run.objects.filter(pk=runs[2].pk).update(auto_restarts=1)
+    # Not stale, with a started unkeyed effect: not the batch's business.
+    send(agent, start(agent, "alive", heartbeat_timeout=60, now=T0).run, key=None, now=T0)
 
     report = sweep(now=T0 + timedelta(seconds=6))
 
     assert fallback == [] and report.errors == []
     assert sorted(report.interrupted) == sorted(str(run.pk) for run in runs)
-    assert report.restart_ready == [str(runs[0].pk)]
-    assert sorted(report.needs_person) == sorted(str(run.pk) for run in runs[1:])
+    assert sorted(report.restart_ready) == sorted(str(run.pk) for run in runs[:2])
+    assert sorted(report.needs_person) == sorted(str(run.pk) for run in runs[2:])
+
+
+def test_the_batch_verdict_lists_a_blunt_runs_calls_attempt_by_attempt(agent):
+    """Attempt 1's calls 1 and 2, then attempt 2's call 1: not by seq alone."""
+    run = start(agent, restart_policy="blunt", now=T0).run
+    send(agent, run, key="mail:1", now=T0)
+    send(agent, run, key="mail:2", now=T0)
+    override = Run.objects.filter(pk=run.pk)
+    override.update(override_at=T0, override_note="go on")  # let attempt 2 start
+    start(agent, supersede=1, now=T0)
+    send(agent, run, attempt=2, key="mail:3", now=T0)
+    run.refresh_from_db()
+
+    batch = restart_verdicts([run])[run.pk]
+
+    assert batch.as_dict() == restart_verdict(run).as_dict()
+    recorded = Call.objects.filter(run=run)
+    in_order = [str(recorded.get(attempt_number=a, seq=n).pk) for a, n in [(1, 1), (1, 2), (2, 1)]]
+    assert [item["call_id"] for item in batch.blocking] == in_order
