@@ -25,7 +25,8 @@ from runs import sweep as sweep_module
 from runs.calls import record_call
 from runs.lifecycle import finish_run, heartbeat, start_run
 from runs.models import Agent, AuditEvent, Call, Effect, Run, RunStatus
-from runs.sweep import SweepReport, interrupt_stale_run, sweep
+from runs.outcomes import complete_effect
+from runs.sweep import SweepReport, interrupt_stale_run, interrupt_stale_runs, sweep
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 CAP = 2
@@ -41,7 +42,7 @@ def _no_broker(monkeypatch, settings):
     settings.STARTSAFE = {**settings.STARTSAFE, "AUTO_RESTART_CAP": CAP}
 
 
-def _call(agent, run, *, key, kind="effect", tool="send_mail"):
+def _call(agent, run, *, key, kind="effect", tool="send_mail", timeout=None):
     return record_call(
         agent,
         run.pk,
@@ -51,6 +52,7 @@ def _call(agent, run, *, key, kind="effect", tool="send_mail"):
         args={"to": "a@example.com"},
         key=key,
         key_source="intent" if key else None,
+        timeout=timeout,
         now=T0,
     )
 
@@ -67,8 +69,14 @@ def _stale_runs(prefix: str) -> dict[str, Run]:
         runs[name] = start_run(agent, name, heartbeat_timeout=5, now=T0, **kwargs).run
         return runs[name]
 
-    # Safe and keyed, with a runtime to hand it to: its in-flight effect becomes unknown.
-    _call(agent, start("handed-off", restart_url="http://runtime.test/restart"), key="mail:1")
+    # Safe and keyed, with a runtime to hand it to: its in-flight effect (with a
+    # timeout) becomes unknown; the one it completed stays done.
+    handed_off = start("handed-off", restart_url="http://runtime.test/restart")
+    done = _call(agent, handed_off, key="mail:0").effect
+    complete_effect(
+        agent, done.pk, run_id=handed_off.pk, attempt=1, outcome="done", result={}, now=T0
+    )
+    _call(agent, handed_off, key="mail:1", timeout=30)
     # Safe and keyed, no runtime: marked ready, nothing to hand off. On its second
     # attempt, handed back once already: the count goes on from there.
     start("ready")
@@ -109,7 +117,8 @@ def _what_was_written(runs: dict[str, Run], report: SweepReport) -> dict:
         run = Run.objects.get(pk=run.pk)
         written[name] = named(
             {
-                "run": [run.status, run.restart_ready, run.auto_restarts, run.current_attempt],
+                "run": [run.status, run.restart_ready, run.auto_restarts, run.current_attempt]
+                + [run.updated_at.isoformat()],
                 "stale_at": run.stale_at.isoformat(),
                 "attempts": list(
                     run.attempts.order_by("number").values_list("number", "status", "ended_at")
@@ -117,7 +126,15 @@ def _what_was_written(runs: dict[str, Run], report: SweepReport) -> dict:
                 "effects": list(
                     Effect.objects.filter(run=run)
                     .order_by("created_at")
-                    .values_list("status", "claimed_run", "claimed_attempt", "claimed_at")
+                    .values_list(
+                        "status",
+                        "claimed_run",
+                        "claimed_attempt",
+                        "claimed_at",
+                        "timeout_at",
+                        "revision",
+                        "updated_at",
+                    )
                 ),
                 "events": [
                     [e.verb, e.actor, e.actor_kind, e.attempt_number, e.effect_id, e.old_status]
@@ -206,3 +223,22 @@ def test_a_run_exactly_at_its_stale_time_is_not_yet_stale(agent):
 
     assert interrupt_stale_run(run.pk, run.stale_at, SweepReport()) is False
     assert interrupt_stale_run(run.pk, run.stale_at + timedelta(microseconds=1), SweepReport())
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("change", ["finished", "heartbeat"])
+def test_the_batch_leaves_a_run_that_changed_before_its_lock_alone(agent, change):
+    """The batch, too, re-checks the runs it was given under their locks."""
+    run = start_run(agent, "job-1", heartbeat_timeout=5, now=T0).run
+    if change == "finished":
+        finish_run(agent, run.pk, attempt=1, outcome="completed", now=later(1))
+    else:
+        heartbeat(agent, run.pk, attempt=1, now=later(5))
+    events = AuditEvent.objects.count()
+    report = SweepReport()
+
+    interrupt_stale_runs([run.pk], later(6), report)
+
+    assert report == SweepReport() and AuditEvent.objects.count() == events
+    run.refresh_from_db()
+    assert run.status != RunStatus.INTERRUPTED
