@@ -22,7 +22,7 @@ from approvals.models import Approval
 from runs import sweep as sweep_module
 from runs.canonical import args_hash as compute_args_hash
 from runs.errors import ClaimConflict, InvalidRequest, NotAllowed, NotFound
-from runs.lifecycle import heartbeat
+from runs.lifecycle import finish_run, heartbeat
 from runs.models import AuditEvent, Call, Effect, EffectStatus, EffectVersion, Run
 from runs.outcomes import claim_effect
 from runs.sweep import sweep
@@ -248,3 +248,46 @@ def test_the_batch_verdict_lists_a_blunt_runs_calls_attempt_by_attempt(agent):
     recorded = Call.objects.filter(run=run)
     in_order = [str(recorded.get(attempt_number=a, seq=n).pk) for a, n in [(1, 1), (1, 2), (2, 1)]]
     assert [item["call_id"] for item in batch.blocking] == in_order
+
+
+# --- The sweep's loop (runs/sweep.py, sweep) ---------------------------------------------
+
+
+def test_a_backlog_larger_than_a_batch_is_swept_batch_after_batch(agent, monkeypatch):
+    """With batches of one: a finished run with an old stale_at is not listed (it would
+    fill the batch and end the loop), and each stale run gets its batch."""
+    monkeypatch.setattr(sweep_module, "BATCH", 1)
+    monkeypatch.setattr("runs.handoff.enqueue_handoff", lambda run_id, attempt, **kw: None)
+    finished = start(agent, "finished", heartbeat_timeout=1, now=T0).run
+    finish_run(agent, finished.pk, attempt=1, outcome="completed", now=T0)
+    stale = [
+        start(agent, f"stale-{i}", heartbeat_timeout=5, now=T0 + timedelta(seconds=i)).run
+        for i in range(2)
+    ]
+
+    report = sweep(now=T0 + timedelta(seconds=10))
+
+    assert sorted(report.interrupted) == sorted(str(run.pk) for run in stale)
+
+
+def test_an_effect_whose_timeout_cannot_be_settled_is_pushed_back(agent, monkeypatch):
+    run = start(agent, heartbeat_timeout=3600, now=T0).run
+    broken = send(agent, run, key="mail:1", timeout=30, now=T0).effect
+    fine = send(agent, run, key="mail:2", timeout=30, now=T0).effect
+    real = sweep_module.time_out_effect
+
+    def time_out(effect_id, now, report):
+        if str(effect_id) == str(broken.pk):
+            raise RuntimeError("a bad row")
+        return real(effect_id, now, report)
+
+    monkeypatch.setattr(sweep_module, "time_out_effect", time_out)
+    now = T0 + timedelta(seconds=31)
+
+    report = sweep(now=now)
+
+    assert report.timed_out == [str(fine.pk)]
+    assert len(report.errors) == 1 and report.errors[0].startswith(f"timeout {broken.pk}: ")
+    broken.refresh_from_db()
+    assert broken.status == EffectStatus.IN_FLIGHT
+    assert broken.timeout_at == now + sweep_module.BROKEN_ROW_DELAY

@@ -141,6 +141,13 @@ def _what_was_written(runs: dict[str, Run], report: SweepReport) -> dict:
                     + [e.new_status, e.note, e.data, e.at.isoformat()]
                     for e in AuditEvent.objects.filter(run=run, at=later(6)).order_by("id")
                 ],
+                # An effect's own events name it, not the run (outcome_unknown).
+                "effect_events": [
+                    [e.verb, e.actor, e.attempt_number, e.old_status, e.new_status, e.note]
+                    for e in AuditEvent.objects.filter(
+                        effect__run=run, run__isnull=True, at=later(6)
+                    ).order_by("id")
+                ],
                 "notifications": list(
                     Notification.objects.filter(run=run)
                     .order_by("dedupe_key")
