@@ -53,7 +53,7 @@ NAME = re.compile(r"`([\w.]+__mutmut_\d+)`")
 # every other survivor is judged by name there.
 KINDS = {
     "message": "an error's message text (its code and details are the contract)",
-    "log": "a log line's text or fields (for people reading the log)",
+    "log": "anything inside a logger call: a log line's text or fields, for people",
 }
 
 
@@ -89,12 +89,23 @@ def _change(a, b, parents=()):
     return None if a == b else (parents, a, b)
 
 
+def _is_logger_call(node) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "logger"
+    )
+
+
 def kind_of(name: str, path: str, errors: set[str]) -> str | None:
     """ "message" or "log" when the mutant changes only such a text, else None."""
     site = _change(*_functions(name, path))
     if site is None:
         return None
     parents, old, new = site
+    if any(_is_logger_call(node) for node in parents):
+        return "log"
     if isinstance(old, str) and parents and isinstance(parents[-1], ast.Constant):
         text, parents = parents[-1], parents[:-1]
     elif isinstance(old, ast.Constant | ast.JoinedStr) and not isinstance(new, list):
@@ -103,14 +114,6 @@ def kind_of(name: str, path: str, errors: set[str]) -> str | None:
         return None
     if not isinstance(text, ast.JoinedStr) and not isinstance(text.value, str):
         return None
-    for node in reversed(parents):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and isinstance(node.func.value, ast.Name)
-            and node.func.value.id == "logger"
-        ):
-            return "log"
     call = parents[-1] if parents else None
     if (
         isinstance(call, ast.Call)
