@@ -31,7 +31,7 @@ $(VENV)/.installed-run: pyproject.toml | $(VENV)/bin/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml startsafe_client/pyproject.toml | $(VENV)/bin/python
-	$(VENV)/bin/pip install --quiet -e '.[test]' -e './startsafe_client[pydantic-ai,openai-agents,langchain]'
+	$(VENV)/bin/pip install --quiet -e '.[test]' -e './startsafe_client[pydantic-ai,openai-agents,langchain,mcp]'
 	touch $@ $(VENV)/.installed-run
 
 $(VENV)/.installed-bench: pyproject.toml startsafe_client/pyproject.toml | $(VENV)/bin/python
