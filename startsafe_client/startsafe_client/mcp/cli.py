@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import anyio.abc
 import uvicorn
 from mcp.server import Server
 from mcp.server.stdio import stdio_server
@@ -77,30 +78,37 @@ async def _serve(
         server = proxy.mcp_server()
         names = ", ".join(proxy.upstreams.tools)
         if http is None:
-            logger.info("serving %s over stdio", names)
-            await _serve_stdio(server)
+            await _serve_stdio(server, f"serving {names} over stdio")
         else:
-            logger.info("serving %s at http://%s:%s/mcp", names, *http)
-            await _serve_http(server, *http)
+            host, port = http
+            await _serve_http(server, host, port, f"serving {names} at http://{host}:{port}/mcp")
 
 
-async def _serve_stdio(server: Server[Any]) -> None:
+async def _serve_stdio(server: Server[Any], serving: str) -> None:
     """Serve until the agent closes standard input, or a signal stops the proxy."""
     async with anyio.create_task_group() as group:
-        group.start_soon(_stop_on_signal, group.cancel_scope, None)
+        await group.start(_stop_on_signal, group.cancel_scope, None)
         async with stdio_server() as (read, write):
+            logger.info(serving)
             await server.run(read, write, server.create_initialization_options())
         group.cancel_scope.cancel()
 
 
-async def _serve_http(server: Server[Any], host: str, port: int) -> None:
+async def _serve_http(server: Server[Any], host: str, port: int, serving: str) -> None:
     """Serve streamable HTTP at ``/mcp`` until a signal stops the proxy."""
     app = server.streamable_http_app(host=host)
     web = _Uvicorn(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     async with anyio.create_task_group() as group:
-        group.start_soon(_stop_on_signal, group.cancel_scope, web)
+        await group.start(_stop_on_signal, group.cancel_scope, web)
+        group.start_soon(_say_once_listening, web, serving)
         await web.serve()
         group.cancel_scope.cancel()
+
+
+async def _say_once_listening(web: uvicorn.Server, serving: str) -> None:
+    while not web.started:
+        await anyio.sleep(0.05)
+    logger.info(serving)
 
 
 class _Uvicorn(uvicorn.Server):
@@ -113,8 +121,15 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
-async def _stop_on_signal(scope: anyio.CancelScope, web: _Uvicorn | None) -> None:
+async def _stop_on_signal(
+    scope: anyio.CancelScope,
+    web: _Uvicorn | None,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Stop on SIGTERM or SIGINT: the proxy then finishes its attempts before it exits."""
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()  # installed before anything is served
         async for signum in signals:
             logger.info("stopping (%s)", signal.Signals(signum).name)
             if web is None:

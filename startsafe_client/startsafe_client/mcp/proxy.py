@@ -53,6 +53,7 @@ from mcp.shared.exceptions import MCPError
 
 from ..aio import AsyncClient, AsyncRun
 from ..errors import (
+    AlreadyRunning,
     ApprovalTimeout,
     AttemptStopped,
     EffectBlocked,
@@ -317,6 +318,11 @@ class Proxy:
             return f"{refused.message} An operator may allow the restart{where}."
         if isinstance(refused, RunFinished):
             return f"run {run_key!r} is finished (completed or abandoned): use another run key"
+        if isinstance(refused, AlreadyRunning):
+            return (
+                f"{refused.message} (startsafe-mcp takes a run over by its supersede in "
+                f"[startsafe] of {self.config.path})"
+            )
         return f"startsafe answered {refused}"
 
     async def _run_page(self, run_key: str) -> str | None:

@@ -141,19 +141,25 @@ async def connected(config: Config) -> AsyncIterator[Upstreams]:
             upstreams.clients.pop(name, None)
             ready[name].set()
 
-    async with anyio.create_task_group() as group:
-        for name in config.servers:
-            group.start_soon(hold, name)
-        for event in ready.values():
-            await event.wait()
-        try:
-            if failed:
-                raise next(iter(failed.values()))
-            for name in config.servers:  # in the file's order
-                upstreams._add(name, listed[name], prefixed=len(config.servers) > 1)
-            yield upstreams
-        finally:
-            stop.set()
+    try:
+        async with anyio.create_task_group() as group:
+            for name in config.servers:
+                group.start_soon(hold, name)
+            for event in ready.values():
+                await event.wait()
+            try:
+                if failed:
+                    raise next(iter(failed.values()))
+                for name in config.servers:  # in the file's order
+                    upstreams._add(name, listed[name], prefixed=len(config.servers) > 1)
+                yield upstreams
+            finally:
+                stop.set()
+    except Exception as error:
+        alone = _alone(error)
+        if alone is error:
+            raise
+        raise alone from None  # the caller's own exception, not the task group's wrapper
 
 
 def _client(config: Config, name: str) -> Client:
@@ -186,6 +192,13 @@ async def _list_all(client: Client) -> list[types.Tool]:
 def _where(config: Config, name: str) -> str:
     server = config.servers[name]
     return server.url or " ".join(server.command or [])
+
+
+def _alone(error: BaseException) -> BaseException:
+    """The one exception an exception group of one holds (the group itself otherwise)."""
+    while len(getattr(error, "exceptions", ())) == 1:
+        error = error.exceptions[0]  # type: ignore[attr-defined]
+    return error
 
 
 def _first_cause(error: BaseException) -> str:
