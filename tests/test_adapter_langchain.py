@@ -22,13 +22,12 @@ import asyncio
 import contextlib
 import json
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_process import approve_with_an_edit, drive
 from langchain_core.messages import AIMessage
 from langchain_core.tools import StructuredTool, ToolException, tool
 from langgraph.graph import START, MessagesState, StateGraph
@@ -36,7 +35,7 @@ from langgraph.prebuilt import ToolNode
 from startsafe_client.langchain import journaled, run_key_for
 
 import startsafe_client as ss
-from approvals.decisions import approve_effect, reject_effect
+from approvals.decisions import reject_effect
 from runs.errors import JournalError
 from runs.models import Call, Effect, Run
 
@@ -65,34 +64,16 @@ def _command(live_server, agent, tmp_path: Path, ticket: str, *extra: str) -> li
     ]
 
 
-def _drive(command: list[str], decide=None, timeout: float = 120) -> tuple[int, str]:
+def _drive(command: list[str], decide=None) -> tuple[int, str]:
     """Run the agent to its end, calling ``decide()`` (the operator) while it runs."""
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT
-    )
-    deadline = time.monotonic() + timeout
-    while process.poll() is None:
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"the agent did not finish: {process.communicate()[0]}")
-        if decide is not None:
-            decide()
-        time.sleep(0.1)
-    return process.returncode, process.stdout.read()
+    return drive(command, decide, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, cwd=ROOT)
 
 
 def _approve_with_an_edit(operator) -> None:
     """The operator edits the waiting campaign (subject, recipients) and approves it."""
-    for effect in Effect.objects.filter(status="awaiting_approval"):
-        with contextlib.suppress(JournalError):  # revised meanwhile: the next round sees it
-            approve_effect(
-                operator,
-                effect.id,
-                args_hash=effect.args_hash,
-                note="approved with a softer subject and the opted-in recipients only",
-                edited_args={**effect.args, **EDIT},
-            )
+    approve_with_an_edit(
+        operator, EDIT, "approved with a softer subject and the opted-in recipients only"
+    )
 
 
 def _reject(operator) -> None:
