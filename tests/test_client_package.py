@@ -77,3 +77,11 @@ def test_the_openai_agents_extra_brings_the_sdk_that_its_adapter_imports():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True"]
+
+
+def test_the_mcp_extra_brings_the_sdk_and_the_startsafe_mcp_command():
+    installed = importlib.metadata.requires("startsafe-client") or []
+    assert 'mcp<3,>=2.3; extra == "mcp"' in installed
+
+    commands = importlib.metadata.entry_points(group="console_scripts", name="startsafe-mcp")
+    assert [command.value for command in commands] == ["startsafe_client.mcp.cli:main"]
