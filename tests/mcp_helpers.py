@@ -64,16 +64,20 @@ def write_config(
     *,
     servers: tuple[str, ...] = ("mail", "crm", "notes"),
     heartbeat_timeout: int = 30,
+    supersede: str = '"stale"',
     approval_timeout: float = 60,
     rules: str = RULES,
     notes_delay: float = 0,
+    ledger_path: Path | None = None,
 ) -> Path:
-    """A configuration of these servers (their rules included), writing to ``ledger.jsonl``."""
-    ledger_path = folder / "ledger.jsonl"
+    """A configuration of these servers (their rules included), in ``folder``; the servers
+    write to ``ledger_path`` (``ledger.jsonl`` there by default)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ledger_path = ledger_path or folder / "ledger.jsonl"
     parts = [
         "[startsafe]",
         f'url = "{url}"',
-        'supersede = "stale"',
+        f"supersede = {supersede}",
         f"heartbeat_timeout = {heartbeat_timeout}",
         f"approval_timeout = {approval_timeout}",
         "poll_interval = 0.2",

@@ -348,3 +348,31 @@ def test_a_stopped_proxy_finishes_its_attempt_so_the_next_one_goes_on(live_serve
         (2, "failed"),
     ]
     assert len(ledger.entries(tmp_path / "ledger.jsonl")) == 1
+
+
+def test_a_proxy_whose_attempt_another_took_over_stops_calling_tools(live_server, agent, tmp_path):
+    config = write_config(tmp_path, live_server.url, servers=("notes",))
+    taking_over = write_config(
+        tmp_path / "second",
+        live_server.url,
+        servers=("notes",),
+        supersede="true",
+        ledger_path=tmp_path / "ledger.jsonl",
+    )
+    with (
+        http_proxy(config, agent.token, "--run-key", "ticket-13") as first,
+        connect(first) as old,
+    ):
+        old.call("post_note", note_id="n-4", text="from the first proxy")
+        with http_proxy(taking_over, agent.token, "--run-key", "ticket-13") as second:
+            with connect(second) as new:  # supersede = true: it takes the live attempt over
+                again = new.call("post_note", note_id="n-4", text="from the second")
+            refused = old.call("post_note", note_id="n-5", text="from the first, later")
+
+    assert again.structured_content == {"note_id": "n-4", "text": "from the first proxy"}
+    assert refused.is_error and "another attempt took run 'ticket-13' over" in text(refused)
+    assert [e["identity"] for e in ledger.entries(tmp_path / "ledger.jsonl")] == ["n-4"]
+    assert sorted(Attempt.objects.values_list("number", "status")) == [
+        (1, "superseded"),
+        (2, "failed"),  # the second proxy's, finished when it stopped
+    ]

@@ -84,6 +84,7 @@ REFUSED_CODES = frozenset(
     {types.PARSE_ERROR, types.INVALID_REQUEST, types.METHOD_NOT_FOUND, types.INVALID_PARAMS}
 )
 DECLARE_BATCH = 500  # api.md, POST /tools: 1–500 tools
+MAX_RECORDED = 200_000  # characters of JSON; api.md: a result is up to 256 KiB
 SESSION_ENDED = (
     "startsafe-mcp stopped (its MCP session ended); a proxy started again with this "
     "run key goes on with the run"
@@ -232,6 +233,15 @@ class Proxy:
         return await asyncio.shield(task)
 
     async def _journaled(self, name: str, args: dict[str, Any], meta: Any) -> types.CallToolResult:
+        """One call, from the agent's request to what it reads.
+
+        1. The tool and the run key (``_meta`` first); this process's attempt of the
+           run, started at its first call (a refused start is an error result).
+        2. ``call_spec`` records the call and acts on the answer; ``perform`` forwards
+           it to the server when it is to run.
+        3. What the core raises becomes the agent's error result; a forwarded effect
+           that broke off ends the attempt (its outcome is unknown).
+        """
         tool = self.upstreams.tools.get(name)
         if tool is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name}")
@@ -249,9 +259,10 @@ class Proxy:
         spec = self.specs[tool.qualified]
         forwarded = False
         refusal: types.CallToolResult | None = None
+        answered: types.CallToolResult | None = None  # executed now: the server's own answer
 
         async def perform(given: dict[str, Any]) -> Any:
-            nonlocal forwarded, refusal
+            nonlocal forwarded, refusal, answered
             forwarded = True
             try:
                 result = await self.upstreams.call(tool, given)
@@ -269,6 +280,7 @@ class Proxy:
             if result.is_error:  # the tool says it failed: reported failed, runs again
                 refusal = result
                 raise NotPerformed(_text_of(result) or "the tool answered isError")
+            answered = result
             return _recorded(result)
 
         try:
@@ -288,7 +300,7 @@ class Proxy:
             return _error(f"{name} failed: {type(error).__name__}: {error}")
         if spec.kind == "read":
             return value
-        return _replayed(value)
+        return answered or _replayed(value)
 
     async def _attempt(self, run_key: str) -> AsyncRun:
         """This process's attempt of the run, started at the run's first call."""
@@ -318,6 +330,11 @@ class Proxy:
             return f"{refused.message} An operator may allow the restart{where}."
         if isinstance(refused, RunFinished):
             return f"run {run_key!r} is finished (completed or abandoned): use another run key"
+        if run_key in self.stopped:
+            return (
+                f"another attempt took run {run_key!r} over: this proxy no longer calls its "
+                "tools; start the proxy again to take it back"
+            )
         if isinstance(refused, AlreadyRunning):
             return (
                 f"{refused.message} (startsafe-mcp takes a run over by its supersede in "
@@ -340,8 +357,8 @@ class Proxy:
         self.stopped[run_key] = stopped
         logger.warning("run %s: %s; this proxy stops journaling it", run_key, stopped.message)
         return (
-            f"another attempt took run {run_key!r} over ({stopped.message}): this proxy no "
-            "longer calls its tools; start the proxy again to take it back"
+            f"another attempt took run {run_key!r} over, or it finished ({stopped.message}): "
+            "this proxy no longer calls its tools; start the proxy again to take it back"
         )
 
     async def _outcome_unknown(
@@ -501,10 +518,20 @@ def _error(text: str) -> types.CallToolResult:
 
 
 def _recorded(result: types.CallToolResult) -> dict[str, Any]:
-    """The effect's result as recorded: the ``CallToolResult``'s content and structured content."""
-    return result.model_dump(
+    """The effect's result as recorded: the ``CallToolResult``'s content and structured content.
+
+    A result too large to record (api.md: 256 KiB) is recorded as the start of its
+    text: the effect happened, and a replay must not make it look otherwise.
+    """
+    recorded = result.model_dump(
         mode="json", by_alias=True, exclude_none=True, include={"content", "structured_content"}
     )
+    size = len(json.dumps(recorded))
+    if size <= MAX_RECORDED:
+        return recorded
+    start = _text_of(result)[:2000]
+    note = f"(done; its result of {size} characters was too large to record; it began:) {start}"
+    return {"content": [{"type": "text", "text": note}]}
 
 
 def _replayed(recorded: dict[str, Any]) -> types.CallToolResult:
