@@ -20,6 +20,7 @@ from runs.audit import Actor, record_event
 from runs.canonical import args_hash as compute_args_hash
 from runs.errors import Forbidden, InvalidRequest, NotAllowed, NotFound, StaleArgs
 from runs.lifecycle import (
+    add_version,
     clear_claim,
     expire_if_past_deadline,
     is_past_deadline,
@@ -27,7 +28,7 @@ from runs.lifecycle import (
     save_effect,
     set_run_status,
 )
-from runs.models import Effect, EffectStatus, EffectVersion, Run, RunStatus
+from runs.models import Effect, EffectStatus, Run, RunStatus
 
 DECIDE_PERMISSION = "approvals.decide"
 
@@ -189,15 +190,7 @@ def approve_effect(
                 effect.args_hash = edited_hash
                 effect.args_versions += 1
                 effect.current_approvals = []
-                EffectVersion.objects.create(
-                    effect=effect,
-                    number=effect.args_versions,
-                    args=edited_args,
-                    args_hash=edited_hash,
-                    author=actor.author,
-                    adopted=True,
-                    at=now,
-                )
+                add_version(effect, actor, now)
                 save_effect(
                     effect,
                     actor,

@@ -9,7 +9,6 @@ from typing import Any
 from django.db import connection
 from django.db.models.signals import post_save
 
-from runs import rowsql
 from runs.models import Agent, AuditEvent, Effect, Run
 
 
@@ -42,7 +41,7 @@ SYSTEM = Actor(kind="system", label="system")
 def record_event(actor: Actor, verb: str, **fields: Any) -> AuditEvent:
     """Write one audit event now; ``fields`` as ``new_event`` takes them."""
     event = new_event(actor, verb, **fields)
-    rowsql.write(inserts=[event])
+    event.save(force_insert=True)
     return event
 
 
@@ -67,11 +66,11 @@ _COPY_COLUMNS = (
 
 def save_events(events: list[AuditEvent]) -> None:
     """Insert several events at once (one statement, or COPY for many), each logged
-    as ``create()`` would. The events get no primary key back; nothing reads it."""
+    as ``create()`` would. By COPY the events get no primary key back; nothing reads it."""
     if len(events) < COPY_FROM or connection.vendor != "postgresql":
-        rowsql.write(inserts=events)  # sends post_save itself
-        return
-    _copy_events(events)
+        AuditEvent.objects.bulk_create(events)
+    else:
+        _copy_events(events)
     for event in events:
         # bulk_create sends no signal; the log line of every event hangs on it.
         post_save.send(
@@ -85,6 +84,7 @@ def save_events(events: list[AuditEvent]) -> None:
 
 
 def _copy_events(events: list[AuditEvent]) -> None:
+    """COPY: the ORM has no statement for it, so psycopg's own ``copy`` is used."""
     from psycopg.types.json import Jsonb
 
     sql = f"COPY {AuditEvent._meta.db_table} ({', '.join(_COPY_COLUMNS)}) FROM STDIN"

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db.models import Exists, Max, OuterRef, Subquery
 from django.utils import timezone
 
-from runs import rowsql
 from runs.audit import SYSTEM, Actor, new_event, record_event, save_events
 from runs.canonical import args_hash as compute_args_hash
 from runs.errors import (
@@ -23,10 +22,12 @@ from runs.errors import (
     NotFound,
 )
 from runs.lifecycle import (
+    add_version,
     attempt_is_running,
     claim_for,
     default_approval_ttl,
     expire_if_past_deadline,
+    insert_or_lock_winner,
     journal_transaction,
     make_unknown,
     require_current_and_running,
@@ -43,7 +44,6 @@ from runs.models import (
     CallKind,
     Effect,
     EffectStatus,
-    EffectVersion,
     KeyTombstone,
     RestartPolicy,
     Run,
@@ -64,42 +64,29 @@ def _lock_run_for_call(agent: Agent, run_id: Any, attempt: int) -> tuple[Run, An
     """The run locked, and the id of its running attempt ``attempt``.
 
     The attempt's id comes with the lock (one query fewer on the API's hot write
-    path, docs/performance.md): that row existed before this request could name
-    its number.
+    path): that row existed before this request could name its number.
     """
-    runs, attempts = Run._meta.db_table, Attempt._meta.db_table
-    lock_sql = (
-        rowsql.select(
-            Run,
-            f"(SELECT a.id FROM {attempts} a WHERE a.run_id = {runs}.id AND a.number = %s)",
-        )
-        + f" WHERE {runs}.id = %s AND {runs}.agent_id = %s{rowsql.lock_clause()}"
+    attempt_id = Attempt.objects.filter(run=OuterRef("pk"), number=attempt).values("pk")[:1]
+    run = (
+        Run.objects.select_for_update(of=("self",))
+        .annotate(attempt_id=Subquery(attempt_id))
+        .filter(pk=run_id, agent=agent)
+        .first()
     )
-    with rowsql.cursor() as cursor:
-        cursor.execute(
-            lock_sql,
-            [attempt, rowsql.db_value(Run, "id", run_id), rowsql.db_value(Run, "agent", agent.pk)],
-        )
-        row = cursor.fetchone()
-    if row is None:
+    if run is None:
         raise NotFound("No such run for this agent.")
-    run = rowsql.instance(Run, row)
     require_current_and_running(run, attempt)
-    return run, row[-1]
+    return run, run.attempt_id
 
 
-# The last seq of an attempt. It must be read after the run's lock, by a statement
-# that starts after it: a statement that waited for the lock still reads other
-# tables as they were when it began (READ COMMITTED), so it would miss the call
-# the lock's holder just committed and take the same seq.
-_LAST_SEQ = f"SELECT MAX(seq) FROM {Call._meta.db_table} WHERE attempt_id = %s"
+def _next_seq(attempt_id: Any) -> int:
+    """The attempt's next call number.
 
-
-def _last_seq(attempt_id: Any) -> int:
-    with rowsql.cursor() as cursor:
-        cursor.execute(_LAST_SEQ, [attempt_id])
-        (last,) = cursor.fetchone()
-    return last or 0
+    Read after the run's lock, by a statement of its own: a statement that waited
+    for the lock still reads other tables as they were when it began (READ
+    COMMITTED), so it would miss the call the lock's holder just committed."""
+    last = Call.objects.filter(attempt_id=attempt_id).aggregate(last=Max("seq"))["last"]
+    return (last or 0) + 1
 
 
 def record_call(
@@ -156,9 +143,9 @@ def record_call(
             at=now,
         )
         if kind == CallKind.READ:
-            call.seq = _last_seq(attempt_id) + 1
+            call.seq = _next_seq(attempt_id)
             call.action = Action.EXECUTE
-            rowsql.write(inserts=[call])
+            call.save(force_insert=True)
             return Recorded(call, Action.EXECUTE, None)
 
         declared = {
@@ -168,14 +155,13 @@ def record_call(
             "timeout": timeout,
             "preview": preview or "",
         }
-        effect, created, last_seq = _find_or_create_effect(
-            agent, run, attempt, attempt_id, tool, key, key_source, args, digest, declared, now
+        effect, created = _find_or_create_effect(
+            agent, run, attempt, tool, key, key_source, args, digest, declared, now
         )
-        call.seq = (last_seq if last_seq is not None else _last_seq(attempt_id)) + 1
-        rows: list = []  # written together at the end: one statement (runs/rowsql.py)
+        call.seq = _next_seq(attempt_id)
         if created:
             version_adopted = True
-            action = _record_creation(effect, run, attempt, actor, now, rows)
+            action = _record_creation(effect, run, attempt, actor, now)
         else:
             if effect.tool != tool:
                 raise KeyConflict(
@@ -187,35 +173,20 @@ def record_call(
             action = _act_on_status(effect, run, attempt, actor, now)
         call.effect = effect
         call.action = action
-        rows.append(call)
+        call.save(force_insert=True)
         # A new effect's arguments are its version 1 (adopted); a replay with other
         # arguments is a version too, adopted or kept as drift.
         if version_adopted is not None:
-            rows.append(
-                EffectVersion(
-                    effect=effect,
-                    number=effect.args_versions,
-                    args=args,
-                    args_hash=digest,
-                    author=actor.author,
-                    call=call,
-                    adopted=version_adopted,
-                    at=now,
-                )
-            )
-        rowsql.write(inserts=rows)
+            add_version(effect, actor, now, adopted=version_adopted, call=call)
     return Recorded(call, action, effect)
 
 
-def _record_creation(
-    effect: Effect, run: Run, attempt: int, actor: Actor, now: datetime, rows: list
-) -> str:
+def _record_creation(effect: Effect, run: Run, attempt: int, actor: Actor, now: datetime) -> str:
     """The audit trail of a new effect: recorded, then claimed if it was.
 
     A new effect that needs no approval is inserted already claimed by the recording
-    attempt (``_find_or_create_effect``): the same rows as an insert then a claim,
-    one UPDATE fewer on the API's hot write path. Its events join ``rows``, which
-    the caller writes with the call.
+    attempt (``_new_effect``): the same rows as an insert then a claim, one UPDATE
+    fewer on the API's hot write path; both events go in one statement.
     """
     claimed = effect.status == EffectStatus.IN_FLIGHT
     common = {"at": now, "run": run, "effect": effect, "attempt_number": attempt}
@@ -238,10 +209,9 @@ def _record_creation(
                 **common,
             )
         )
-    if claimed:
-        rows.extend(events)
-        return Action.EXECUTE
     save_events(events)  # before anything _act_on_status writes, in the audit log's order
+    if claimed:
+        return Action.EXECUTE
     return _act_on_status(effect, run, attempt, actor, now)
 
 
@@ -249,7 +219,6 @@ def _find_or_create_effect(
     agent: Agent,
     run: Run,
     attempt: int,
-    attempt_id: Any,
     tool: str,
     key: str | None,
     key_source: str | None,
@@ -257,60 +226,38 @@ def _find_or_create_effect(
     digest: str,
     declared: dict,
     now: datetime,
-) -> tuple[Effect, bool, int | None]:
+) -> tuple[Effect, bool]:
     """The effect a call names (the existing one for its key, locked, or a new one),
-    whether it is new, and the attempt's last seq when it came with the insert.
+    and whether it is new.
 
-    A new key is one statement: the insert, unless the key is taken or has a
-    tombstone (``_insert_new_key``). Otherwise the existing effect is read under
-    lock, or the tombstone brought back; a key that is free after all (its effect
-    pruned in between, or a tombstone of a key that never ran) is inserted as before.
+    A key is inserted, or its effect read under lock (``insert_or_lock_winner``);
+    the same read says whether the key has a tombstone. A new key with a tombstone
+    (its run pruned, product.md rule 8: keys do not expire) is not new: the insert
+    is undone and the tombstone brought back. The read is a statement after the
+    insert, so it also sees the tombstone of a prune that deleted the key's old
+    effect while the insert waited on it.
     """
     effect = _new_effect(agent, run, attempt, tool, key, key_source, args, digest, declared, now)
     if key is None:
-        rowsql.write(inserts=[effect])
-        return effect, True, None
-    inserted, last_seq, key_was_taken = _insert_new_key(effect, attempt_id)
-    if inserted and not (key_was_taken and _tombstoned_meanwhile(effect)):
-        return effect, True, last_seq
-    existing = rowsql.fetch(Effect, agent_id=agent.pk, key=key, lock=True)
-    if existing is not None:
-        return existing, False, last_seq
-    tombstone = KeyTombstone.objects.filter(agent=agent, key=key).first()
-    if tombstone is not None:
-        if tombstone.tool != tool:
-            raise KeyConflict(
-                f"The key {key!r} belongs to the tool {tombstone.tool!r}.",
-                {"tool": tombstone.tool},
-            )
-        restored = _restore_from_tombstone(tombstone, run, now)
-        if restored is not None:
-            return restored, False, last_seq
-    # Two calls racing to create one key: one insert wins; the loser's insert waits
-    # for the winner's commit, fails on the unique constraint inside a savepoint,
-    # and reads the winner's row under lock instead of failing.
-    try:
-        with transaction.atomic():
-            effect.save(force_insert=True)
-    except IntegrityError:
-        return Effect.objects.select_for_update().get(agent=agent, key=key), False, last_seq
-    return effect, True, last_seq
-
-
-def _tombstoned_meanwhile(effect: Effect) -> bool:
-    """Whether ``prune`` tombstoned the key while the insert waited (then undone).
-
-    The insert's ``NOT EXISTS`` reads the tombstones as they were when its statement
-    began; if it then waited on the key's old effect, which a prune was deleting,
-    the prune's tombstone committed unseen. A statement of its own sees it, and the
-    call then takes the tombstone's path (rule 8: keys do not expire). Only asked
-    when the key had an effect as the insert began (``_insert_new_key``): without
-    one, there was nothing for a prune to delete."""
-    if not rowsql.exists(KeyTombstone, agent_id=effect.agent_id, key=effect.key):
-        return False
-    Effect.objects.filter(pk=effect.pk).delete()
-    effect._state.adding = True
-    return True
+        effect.save(force_insert=True)
+        return effect, True
+    tombstones = KeyTombstone.objects.filter(agent_id=OuterRef("agent_id"), key=OuterRef("key"))
+    same_key = Effect.objects.filter(agent=agent, key=key).annotate(tombstoned=Exists(tombstones))
+    found, created = insert_or_lock_winner(effect, same_key)
+    if not (created and found.tombstoned):
+        return found, created
+    found.delete()
+    tombstone = KeyTombstone.objects.get(agent=agent, key=key)
+    if tombstone.tool != tool:
+        raise KeyConflict(
+            f"The key {key!r} belongs to the tool {tombstone.tool!r}.", {"tool": tombstone.tool}
+        )
+    restored = _restore_from_tombstone(tombstone, run, now)
+    if restored is not None:
+        return restored, False
+    # A tombstone of a key that never ran: the call declares a fresh effect.
+    effect = _new_effect(agent, run, attempt, tool, key, key_source, args, digest, declared, now)
+    return insert_or_lock_winner(effect, same_key)
 
 
 def _new_effect(
@@ -350,49 +297,6 @@ def _new_effect(
         effect.status = EffectStatus.IN_FLIGHT
         effect.revision += 1
     return effect
-
-
-def _insert_new_key(effect: Effect, attempt_id: Any) -> tuple[bool, int | None, bool]:
-    """Insert the effect of a new key in one statement, unless the key is taken or
-    has a tombstone (then nothing is written): whether it was inserted, (on
-    PostgreSQL, in the same statement) the attempt's last seq, and whether the key
-    had an effect when the statement began.
-
-    ``ON CONFLICT DO NOTHING``: a concurrent insert of the same key makes this one
-    wait for its commit, then do nothing, so the caller reads that effect instead.
-    The seq is read right: this statement starts after the run's lock was taken.
-    Inserted although the key had an effect means that effect was deleted while
-    this statement waited on it: a prune, whose tombstone the caller then reads
-    (``_tombstoned_meanwhile``). On SQLite, where writers take turns, it always does.
-    """
-    insert_into, values = rowsql.insert_statement(effect)
-    insert = (
-        f"{insert_into} SELECT {', '.join(['%s'] * len(values))} WHERE NOT EXISTS "
-        f"(SELECT 1 FROM {KeyTombstone._meta.db_table} WHERE agent_id = %s AND key = %s) "
-        "ON CONFLICT (agent_id, key) WHERE key IS NOT NULL DO NOTHING RETURNING id"
-    )
-    agent_id = rowsql.db_value(Effect, "agent", effect.agent_id)
-    params = [*values, agent_id, effect.key]
-    with rowsql.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            # SQLite takes no INSERT inside WITH; there the seq is read on its own.
-            # The outer SELECT reads the table as the statement began, without the
-            # row the insert adds (the parts of one statement share one snapshot).
-            cursor.execute(
-                f"WITH inserted AS ({insert}) SELECT (SELECT id FROM inserted), "
-                f"({_LAST_SEQ}), EXISTS (SELECT 1 FROM {Effect._meta.db_table} "
-                "WHERE agent_id = %s AND key = %s)",
-                [*params, attempt_id, agent_id, effect.key],
-            )
-            inserted_id, last_seq, key_was_taken = cursor.fetchone()
-            inserted, last_seq = inserted_id is not None, last_seq or 0
-        else:
-            cursor.execute(insert, params)
-            inserted, last_seq, key_was_taken = cursor.fetchone() is not None, None, True
-    if inserted:
-        effect._state.adding = False
-        effect._state.db = connection.alias
-    return inserted, last_seq, key_was_taken
 
 
 # What a pruned key comes back as (product.md rule 8: keys do not expire). An
@@ -453,22 +357,11 @@ def _restore_from_tombstone(tombstone: KeyTombstone, run: Run, now: datetime) ->
         created_at=now,
         updated_at=now,
     )
-    try:
-        with transaction.atomic():
-            effect.save(force_insert=True)
-    except IntegrityError:
-        return Effect.objects.select_for_update().get(
-            agent_id=tombstone.agent_id, key=tombstone.key
-        )
-    EffectVersion.objects.create(
-        effect=effect,
-        number=1,
-        args=args,
-        args_hash=tombstone.args_hash,
-        author="system",
-        adopted=True,
-        at=now,
-    )
+    same_key = Effect.objects.filter(agent_id=tombstone.agent_id, key=tombstone.key)
+    effect, created = insert_or_lock_winner(effect, same_key)
+    if not created:
+        return effect  # another redelivery restored it first
+    add_version(effect, SYSTEM, now)
     record_event(
         SYSTEM,
         "restored",

@@ -23,11 +23,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import transaction
+from django.db.models import Model, QuerySet
 from django.utils import timezone
 
-from runs import rowsql
-from runs.audit import SYSTEM, Actor, new_event, record_event
+from runs.audit import SYSTEM, Actor, record_event
 from runs.errors import (
     AlreadyRunning,
     AttemptSuperseded,
@@ -44,6 +44,7 @@ from runs.models import (
     AttemptStatus,
     Effect,
     EffectStatus,
+    EffectVersion,
     RestartPolicy,
     Run,
     RunStatus,
@@ -103,48 +104,40 @@ def journal_transaction():
 
 def lock_run(agent: Agent, run_id: Any) -> Run:
     """The agent's run, locked; another agent's id is NotFound like a missing one."""
-    run = rowsql.fetch(Run, id=run_id, agent_id=agent.pk, lock=True)
+    run = Run.objects.select_for_update().filter(pk=run_id, agent=agent).first()
     if run is None:
         raise NotFound("No such run for this agent.")
     return run
 
 
 def lock_effect(agent: Agent, effect_id: Any) -> Effect:
-    effect = rowsql.fetch(Effect, id=effect_id, agent_id=agent.pk, lock=True)
+    effect = Effect.objects.select_for_update().filter(pk=effect_id, agent=agent).first()
     if effect is None:
         raise NotFound("No such effect for this agent.")
     return effect
 
 
 def lock_run_and_effect(agent: Agent, run_id: Any, effect_id: Any) -> tuple[Run, Effect]:
-    """The agent's run and effect, both locked, the run first (the order above).
+    """The agent's run and effect, both locked, the run first (the order above)."""
+    return lock_run(agent, run_id), lock_effect(agent, effect_id)
 
-    On PostgreSQL one statement (``FOR UPDATE OF`` locks in the order it names):
-    the agent's report is on the API's hot write path (docs/performance.md). When
-    it finds nothing, the two locks are taken one by one, for the right NotFound.
+
+def insert_or_lock_winner(obj: Model, same_row: QuerySet) -> tuple[Model, bool]:
+    """Insert ``obj`` unless a row with its unique fields exists (``same_row`` finds
+    that row); the row that stands, locked, and whether it is ``obj``.
+
+    Two requests racing to create one row: the loser's ``ON CONFLICT DO NOTHING``
+    waits for the winner's commit and then does nothing (no error, so no savepoint
+    is needed), and the locked read after it, a statement of its own, sees the
+    winner's row. Annotations of ``same_row`` are copied onto ``obj`` when it won.
     """
-    if connection.vendor != "postgresql":
-        return lock_run(agent, run_id), lock_effect(agent, effect_id)
-    runs, effects = rowsql.table(Run), rowsql.table(Effect)
-    sql = (
-        f"SELECT {runs.column_list}, {effects.column_list} "
-        f"FROM {runs.name} JOIN {effects.name} ON {effects.name}.id = %s "
-        f"AND {effects.name}.agent_id = %s WHERE {runs.name}.id = %s AND {runs.name}.agent_id = %s "
-        f"FOR UPDATE OF {runs.name}, {effects.name}"
-    )
-    params = [
-        rowsql.db_value(Effect, "id", effect_id),
-        rowsql.db_value(Effect, "agent", agent.pk),
-        rowsql.db_value(Run, "id", run_id),
-        rowsql.db_value(Run, "agent", agent.pk),
-    ]
-    with rowsql.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
-        return lock_run(agent, run_id), lock_effect(agent, effect_id)
-    split = len(runs.fields)
-    return rowsql.instance(Run, row[:split]), rowsql.instance(Effect, row[split:])
+    type(obj).objects.bulk_create([obj], ignore_conflicts=True)
+    row = same_row.select_for_update().get()
+    if row.pk != obj.pk:
+        return row, False
+    for name in same_row.query.annotations:
+        setattr(obj, name, getattr(row, name))
+    return obj, True
 
 
 def require_not_finished(run: Run) -> None:
@@ -182,15 +175,14 @@ def save_effect(
     attempt_number: int | None = None,
     data: dict | None = None,
 ) -> Effect:
-    """Save every change of an effect with its revision bumped and an audit event.
-
-    The row and its event in one statement (``runs.rowsql``)."""
+    """Save every change of an effect with its revision bumped and an audit event."""
     old_status = effect.status
     if status is not None:
         effect.status = status
     effect.revision += 1
     effect.updated_at = now
-    event = new_event(
+    effect.save()
+    record_event(
         actor,
         verb,
         at=now,
@@ -202,8 +194,26 @@ def save_effect(
         note=note,
         data=data,
     )
-    rowsql.write(inserts=[event], updates=[effect])
     return effect
+
+
+def add_version(
+    effect: Effect, actor: Actor, now: datetime, *, adopted: bool = True, call: Any = None
+) -> EffectVersion:
+    """Keep the effect's arguments as its version ``args_versions`` (the one place a
+    version is made): the effect's current arguments, or with ``adopted=False`` a
+    call's arguments kept as drift (the caller passes that call)."""
+    args, digest = (effect.args, effect.args_hash) if adopted else (call.args, call.args_hash)
+    return EffectVersion.objects.create(
+        effect=effect,
+        number=effect.args_versions,
+        args=args,
+        args_hash=digest,
+        author=actor.author,
+        call=call,
+        adopted=adopted,
+        at=now,
+    )
 
 
 def set_deadline(effect: Effect, now: datetime) -> None:
@@ -439,42 +449,41 @@ def start_run(
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
     with journal_transaction():
-        run = Run.objects.select_for_update().filter(agent=agent, run_key=run_key).first()
+        same_run = Run.objects.filter(agent=agent, run_key=run_key)
+        run = same_run.select_for_update().first()
         if run is None:
-            try:
-                with transaction.atomic():
-                    run = Run.objects.create(
-                        agent=agent,
-                        run_key=run_key,
-                        title=title or "",
-                        input=input or {},
-                        restart_policy=restart_policy,
-                        # A manual run's verdict always blocks (runs/verdict.py).
-                        verdict_blocked=restart_policy == RestartPolicy.MANUAL,
-                        heartbeat_timeout=heartbeat_timeout,
-                        restart_url=restart_url or None,
-                        heartbeat_at=now,
-                        stale_at=now + seconds(heartbeat_timeout),
-                        current_attempt=0,
-                        created_at=now,
-                        updated_at=now,
-                    )
-                    attempt = _new_attempt(
-                        run,
-                        started_by="agent",
-                        reason="first start",
-                        agent_version=agent_version,
-                        verdict=None,
-                        actor=actor,
-                        now=now,
-                    )
+            new = Run(
+                agent=agent,
+                run_key=run_key,
+                title=title or "",
+                input=input or {},
+                restart_policy=restart_policy,
+                # A manual run's verdict always blocks (runs/verdict.py).
+                verdict_blocked=restart_policy == RestartPolicy.MANUAL,
+                heartbeat_timeout=heartbeat_timeout,
+                restart_url=restart_url or None,
+                heartbeat_at=now,
+                stale_at=now + seconds(heartbeat_timeout),
+                current_attempt=0,
+                created_at=now,
+                updated_at=now,
+            )
+            run, created = insert_or_lock_winner(new, same_run)
+            if created:
+                attempt = _new_attempt(
+                    run,
+                    started_by="agent",
+                    reason="first start",
+                    agent_version=agent_version,
+                    verdict=None,
+                    actor=actor,
+                    now=now,
+                )
                 return Started(run, attempt, restart_verdict(run), created=True)
-            except IntegrityError:
-                # Another first start of this run_key won the insert. To this request
-                # the key was new, so its supersede is ignored (api.md): it gets
-                # already_running, and never supersedes the winner's first attempt.
-                run = Run.objects.select_for_update().get(agent=agent, run_key=run_key)
-                supersede = None
+            # Another first start of this run_key won the insert. To this request
+            # the key was new, so its supersede is ignored (api.md): it gets
+            # already_running, and never supersedes the winner's first attempt.
+            supersede = None
         outcome = _restart_locked(run, supersede, agent_version, actor, now)
     if isinstance(outcome, Verdict):
         raise RestartBlocked(

@@ -104,17 +104,7 @@ def complete_effect(
                 effect=effect, verb="late_report", data=report
             ).exists()
             if settled_by_other and not already_kept:
-                record_event(
-                    actor,
-                    "late_report",
-                    at=now,
-                    run=run,
-                    effect=effect,
-                    attempt_number=attempt,
-                    old_status=effect.status,
-                    new_status=effect.status,
-                    data=report,
-                )
+                _keep_late_report(effect, run, attempt, actor, now, report)
             return effect
         conflict = None
         if run.is_finished:
@@ -147,19 +137,26 @@ def complete_effect(
                 data=report,
             )
             return effect
-        record_event(
-            actor,
-            "late_report",
-            at=now,
-            run=run,
-            effect=effect,
-            attempt_number=attempt,
-            old_status=effect.status,
-            new_status=effect.status,
-            note=error or "",
-            data=report,
-        )
+        _keep_late_report(effect, run, attempt, actor, now, report)
     raise conflict
+
+
+def _keep_late_report(
+    effect: Effect, run: Run, attempt: int, actor: Actor, now: datetime, report: dict
+) -> None:
+    """Keep a report that changes nothing in the audit log, for operators."""
+    record_event(
+        actor,
+        "late_report",
+        at=now,
+        run=run,
+        effect=effect,
+        attempt_number=attempt,
+        old_status=effect.status,
+        new_status=effect.status,
+        note=report["error"] or "",
+        data=report,
+    )
 
 
 def reconcile_effect(

@@ -1,4 +1,4 @@
-"""The agent's report locks its run and effect in one statement (runs/lifecycle.py).
+"""The agent's report locks its run, then its effect (runs/lifecycle.py).
 
 Committed for real: a second PostgreSQL connection checks which rows are locked.
 """
@@ -28,7 +28,7 @@ def _locked(conn, table: str, pk) -> bool:
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks are PostgreSQL's")
-def test_both_rows_are_locked_by_one_statement(agent, other_connection):
+def test_both_rows_are_locked_the_run_first(agent, other_connection):
     run = start(agent).run
     effect = send(agent, run).effect
 
@@ -39,7 +39,12 @@ def test_both_rows_are_locked_by_one_statement(agent, other_connection):
 
     assert (locked_run.pk, locked_effect.pk) == (run.pk, effect.pk)
     assert locked_effect.key == effect.key and locked_run.run_key == run.run_key
-    assert len(queries) == 1 and "FOR UPDATE OF" in queries[0]["sql"]
+    # The run, then the effect: the lock order of every rule (runs/lifecycle.py).
+    assert [q["sql"].split(" FROM ")[1].split()[0] for q in queries] == [
+        '"runs_run"',
+        '"runs_effect"',
+    ]
+    assert all("FOR UPDATE" in q["sql"] for q in queries)
     assert not _locked(other_connection, "runs_effect", effect.pk)
 
 
@@ -47,9 +52,9 @@ def test_a_missing_run_or_effect_is_not_found_by_name(agent, other_agent):
     run = start(agent).run
     effect = send(agent, run).effect
 
-    with pytest.raises(NotFound, match="No such effect"):
+    with pytest.raises(NotFound, match="No such effect"), transaction.atomic():
         lock_run_and_effect(agent, run.pk, uuid.uuid4())
-    with pytest.raises(NotFound, match="No such run"):
+    with pytest.raises(NotFound, match="No such run"), transaction.atomic():
         lock_run_and_effect(agent, uuid.uuid4(), effect.pk)
-    with pytest.raises(NotFound, match="No such run"):
+    with pytest.raises(NotFound, match="No such run"), transaction.atomic():
         lock_run_and_effect(other_agent, run.pk, effect.pk)
