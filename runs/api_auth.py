@@ -9,7 +9,6 @@ from __future__ import annotations
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
-from runs import rowsql
 from runs.models import Agent, hash_token
 
 _UNSET = object()
@@ -65,7 +64,7 @@ def active_agent_by_hash(digest: str) -> Agent | None:
         # The embedded SQLite default stores ids as hex text and times as naive
         # text: the ORM converts them, a raw row would not.
         return Agent.objects.filter(token_hash=digest, is_active=True).first()
-    with rowsql.cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(_AGENT_SQL, [digest])
         row = cursor.fetchone()
     return agent_from_row(row) if row is not None else None

@@ -30,7 +30,6 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from runs import rowsql
 from runs.api_auth import active_agent_by_hash, bearer_token, error_response
 from runs.lifecycle import action_for
 from runs.models import Agent, Effect, hash_token
@@ -139,7 +138,7 @@ def _poll_row(effect_id: UUID, digest: str) -> tuple[tuple | None, bool]:
     naive text) the ORM reads the same columns and converts them: two queries.
     """
     if connection.vendor == "postgresql":
-        with rowsql.cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.execute(POLL_SQL, [effect_id, digest])
             return cursor.fetchone(), True
     agent = active_agent_by_hash(digest)

@@ -16,9 +16,7 @@ A middleware, so it sees every answer the API gives, validation errors included:
    another request with that key is ``422 idempotency_key_reused``.
 5. Answers below 500 are kept in the same transaction as the work: a connection
    cut between the two can never leave work done without its answer (which a
-   retry would do again). On PostgreSQL the rule's last write waits and goes in
-   one statement with the answer (``rowsql.deferred_writes``): one round trip
-   fewer on every keyed POST. A 5xx rolls the work back and keeps nothing; so does a
+   retry would do again). A 5xx rolls the work back and keeps nothing; so does a
    request that died, and the lock goes with its transaction, so the key is free
    at once. (Rows of the earlier design, claimed before the work, still count as
    in progress until their 60-second lease lapses.)
@@ -38,7 +36,6 @@ from django.db import IntegrityError, connection, transaction
 from django.http import HttpResponse
 from django.utils import timezone
 
-from runs import rowsql
 from runs.api_auth import (
     AGENT_COLUMNS,
     agent_for_request,
@@ -112,7 +109,7 @@ def agent_and_key(request, key: str) -> tuple[Agent | None, bool, IdempotentRequ
     if token is None or len(token) > 200 or not token.isprintable():
         return agent_for_request(request), False, None  # None: the API answers 401
     digest = hash_token(token)
-    with rowsql.cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(_AGENT_AND_KEY_SQL, [_lock_key(digest, key), key, digest])
         row = cursor.fetchone()
     if row is None:
@@ -158,17 +155,15 @@ class IdempotencyMiddleware:
                 answer = _answer_from_key(row, key, fingerprint, locked)
                 if answer is not None:
                     return answer
-                # The rule's last write waits, to go in one statement with the answer.
-                with rowsql.deferred_writes():
-                    with request_transaction():
-                        response = self.get_response(request)
-                    if response.status_code >= 500 or getattr(response, "streaming", False):
-                        raise _NotKept(response)  # roll the work back: nothing is kept
-                    if connection.needs_rollback:
-                        # A rule failed (its error is the answer); it ran without a
-                        # savepoint, so the request rolls back, and its answer is kept after.
-                        raise _RolledBack(response)
-                    _keep_answer(agent, key, request, fingerprint, row, response)
+                with request_transaction():
+                    response = self.get_response(request)
+                if response.status_code >= 500 or getattr(response, "streaming", False):
+                    raise _NotKept(response)  # roll the work back: nothing is kept
+                if connection.needs_rollback:
+                    # A rule failed (its error is the answer); it ran without a
+                    # savepoint, so the request rolls back, and its answer is kept after.
+                    raise _RolledBack(response)
+                _keep_answer(agent, key, request, fingerprint, row, response)
         except _NotKept as not_kept:
             return not_kept.response
         except _RolledBack as rolled_back:
@@ -273,7 +268,7 @@ def _keep_answer(agent, key, request, fingerprint, row, response: HttpResponse) 
             meta.get_field("completed_at").get_db_prep_save(now, connection),
             row.pk,
         ]
-        with rowsql.cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.execute(_KEEP_SQL, params)
             if cursor.rowcount == 0:
                 raise _KeyTaken  # a duplicate answered the lapsed claim first
@@ -291,13 +286,13 @@ def _keep_answer(agent, key, request, fingerprint, row, response: HttpResponse) 
         locked_until=now,
     )
     try:
-        rowsql.flush(inserts=[kept])  # with the rule's last write, if one waits
+        kept.save(force_insert=True)
     except IntegrityError as exc:
         if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) not in (
             None,
             _KEY_UNIQUE,
         ):
-            raise  # the work's own write failed, not the key's
+            raise  # not the key's constraint
         raise _KeyTaken from None
 
 

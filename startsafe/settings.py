@@ -145,9 +145,8 @@ def _database_settings() -> dict:
         if env_bool("DATABASE_PREPARE", True):
             # Parameters bound by the server, and prepared statements: PostgreSQL
             # parses and plans a statement the fifth time a connection sends it, then
-            # only runs it. The journal's hot statements are constant SQL
-            # (runs/rowsql.py), so the API's writes are nearly all prepared: their
-            # PostgreSQL CPU fell from 1.6 to 0.9 ms a request (docs/performance.md).
+            # only runs it. The ORM sends the same SQL for the same query shape, so
+            # the API's hot statements are prepared after a few requests.
             # Behind a PgBouncer older than 1.21 in transaction mode, set
             # DATABASE_PREPARE=0 (docs/scaling.md).
             options["server_side_binding"] = True

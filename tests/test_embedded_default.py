@@ -47,8 +47,7 @@ def test_the_protocol_the_poll_and_the_console_work_on_the_sqlite_default(tmp_pa
     token = _manage(tmp_path, "create_agent", "embedded-agent").strip().splitlines()[-1]
     assert (tmp_path / "startsafe.sqlite3").exists()
 
-    # As a deployment serves it: DEBUG off, so no query is logged and the hot paths
-    # take their production cursors (runs/rowsql.py), which DEBUG would bypass.
+    # As a deployment serves it: DEBUG off, so no query is logged.
     production = {
         "DEBUG": "0",
         "SECRET_KEY": "embedded-test-" + "k" * 50,

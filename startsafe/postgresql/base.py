@@ -13,8 +13,12 @@ So here the first dead connection found checks all the others straight away
 one goes back), and the pool's next try gets a live or a fresh connection.
 
 Django builds the pool itself and passes psycopg's plain check when
-``CONN_HEALTH_CHECKS`` is on, with no setting to choose another; this backend
-puts ours in its place once the pool exists.
+``CONN_HEALTH_CHECKS`` is on, with no setting to choose another (a ``check`` in
+the pool's OPTIONS would be passed twice: a TypeError), and psycopg's pool has no
+public way to change its check once built. So this backend puts ours in its
+place, through the pool's ``_check`` attribute, once the pool exists, and finds
+a connection's pool by its ``_pool``: psycopg's only private names used here,
+kept because the recovery they buy (``tests/test_dbpool.py``) has no public route.
 
 Its cursor also leaves the console's statements unprepared (``plans.py``).
 Everything else is Django's.
@@ -26,22 +30,10 @@ import logging
 from typing import Any
 
 from django.db.backends.postgresql import base
-from psycopg import _queries
 
 from startsafe.postgresql.plans import may_prepare
 
 logger = logging.getLogger(__name__)
-
-# psycopg converts a query's ``%s`` placeholders with a regular expression, and
-# caches the result only for queries of at most 50 parameters (``_queries``: a
-# guard against ORM statements of ever-changing shape). The journal's hot writes
-# are constant statements of 50 to 70 parameters (``runs/rowsql.py``: an effect's
-# update, its event and the kept answer in one); without this they were parsed
-# again on every request, 6% of the write path's CPU (callgrind). The cache stays
-# bounded (128 statements, least recently used go first); longer bulk statements
-# (the sweep's batches) are still not kept.
-if getattr(_queries, "MAX_CACHED_STATEMENT_PARAMS", 0) < 128:
-    _queries.MAX_CACHED_STATEMENT_PARAMS = 128
 
 
 def check_pooled_connection(conn: Any) -> None:
