@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Exists, Max, OuterRef, Subquery
+from django.db.models import Exists, OuterRef, Subquery
 from django.utils import timezone
 
 from runs.audit import SYSTEM, Actor, new_event, record_event, save_events
@@ -79,14 +79,19 @@ def _lock_run_for_call(agent: Agent, run_id: Any, attempt: int) -> tuple[Run, An
     return run, run.attempt_id
 
 
-def _next_seq(attempt_id: Any) -> int:
-    """The attempt's next call number.
+def _last_seq(attempt_id: Any):
+    """The attempt's last call number, as a subquery.
 
-    Read after the run's lock, by a statement of its own: a statement that waited
-    for the lock still reads other tables as they were when it began (READ
-    COMMITTED), so it would miss the call the lock's holder just committed."""
-    last = Call.objects.filter(attempt_id=attempt_id).aggregate(last=Max("seq"))["last"]
-    return (last or 0) + 1
+    Read after the run's lock, by a statement that starts after it: a statement
+    that waited for the lock still reads other tables as they were when it began
+    (READ COMMITTED), so it would miss the call the lock's holder just committed.
+    Every call takes the run's lock, so none commits after this statement began."""
+    return Call.objects.filter(attempt_id=attempt_id).order_by("-seq").values("seq")[:1]
+
+
+def _next_seq(attempt_id: Any) -> int:
+    last = _last_seq(attempt_id).first()
+    return (last["seq"] if last else 0) + 1
 
 
 def record_call(
@@ -155,10 +160,10 @@ def record_call(
             "timeout": timeout,
             "preview": preview or "",
         }
-        effect, created = _find_or_create_effect(
-            agent, run, attempt, tool, key, key_source, args, digest, declared, now
+        effect, created, last_seq = _find_or_create_effect(
+            agent, run, attempt, attempt_id, tool, key, key_source, args, digest, declared, now
         )
-        call.seq = _next_seq(attempt_id)
+        call.seq = _next_seq(attempt_id) if last_seq is None else last_seq + 1
         if created:
             version_adopted = True
             action = _record_creation(effect, run, attempt, actor, now)
@@ -219,6 +224,7 @@ def _find_or_create_effect(
     agent: Agent,
     run: Run,
     attempt: int,
+    attempt_id: Any,
     tool: str,
     key: str | None,
     key_source: str | None,
@@ -226,9 +232,10 @@ def _find_or_create_effect(
     digest: str,
     declared: dict,
     now: datetime,
-) -> tuple[Effect, bool]:
+) -> tuple[Effect, bool, int | None]:
     """The effect a call names (the existing one for its key, locked, or a new one),
-    and whether it is new.
+    whether it is new, and for a key the attempt's last seq (0 for none), which
+    the locked read brings along (``_last_seq``: one query fewer).
 
     A key is inserted, or its effect read under lock (``insert_or_lock_winner``);
     the same read says whether the key has a tombstone. A new key with a tombstone
@@ -240,12 +247,15 @@ def _find_or_create_effect(
     effect = _new_effect(agent, run, attempt, tool, key, key_source, args, digest, declared, now)
     if key is None:
         effect.save(force_insert=True)
-        return effect, True
+        return effect, True, None
     tombstones = KeyTombstone.objects.filter(agent_id=OuterRef("agent_id"), key=OuterRef("key"))
-    same_key = Effect.objects.filter(agent=agent, key=key).annotate(tombstoned=Exists(tombstones))
+    same_key = Effect.objects.filter(agent=agent, key=key).annotate(
+        tombstoned=Exists(tombstones), last_seq=Subquery(_last_seq(attempt_id))
+    )
     found, created = insert_or_lock_winner(effect, same_key)
+    last_seq = found.last_seq or 0
     if not (created and found.tombstoned):
-        return found, created
+        return found, created, last_seq
     found.delete()
     tombstone = KeyTombstone.objects.get(agent=agent, key=key)
     if tombstone.tool != tool:
@@ -254,10 +264,10 @@ def _find_or_create_effect(
         )
     restored = _restore_from_tombstone(tombstone, run, now)
     if restored is not None:
-        return restored, False
+        return restored, False, last_seq
     # A tombstone of a key that never ran: the call declares a fresh effect.
     effect = _new_effect(agent, run, attempt, tool, key, key_source, args, digest, declared, now)
-    return insert_or_lock_winner(effect, same_key)
+    return (*insert_or_lock_winner(effect, same_key), last_seq)
 
 
 def _new_effect(
