@@ -400,9 +400,7 @@ def _apply_call_to_existing(
     version was adopted, False when it was kept as drift (frozen content).
     """
     expire_if_past_deadline(effect, now)
-    if effect.status == EffectStatus.IN_FLIGHT and not attempt_is_running(
-        effect.claimed_run_id, effect.claimed_attempt
-    ):
+    if effect.status == EffectStatus.IN_FLIGHT and not _holder_is_running(effect, run, attempt):
         make_unknown(effect, SYSTEM, now, why="The attempt that claimed it has stopped.")
     if digest == effect.args_hash:
         return None
@@ -447,6 +445,14 @@ def _apply_call_to_existing(
         data={"args_hash": digest},
     )
     return True
+
+
+def _holder_is_running(effect: Effect, run: Run, attempt: int) -> bool:
+    """Whether the attempt that claimed ``effect`` still runs. ``run`` is locked and
+    running ``attempt`` (``_lock_run_for_call``), so a claim of this run needs no query."""
+    if effect.claimed_run_id == run.pk:
+        return effect.claimed_attempt == attempt
+    return attempt_is_running(effect.claimed_run_id, effect.claimed_attempt)
 
 
 def _act_on_status(effect: Effect, run: Run, attempt: int, actor: Actor, now: datetime) -> str:

@@ -78,7 +78,7 @@ def test_record_of_a_key_again(agent):
         ("SELECT", "runs_run"),  # the run locked, with its running attempt's id
         ("INSERT", "runs_effect"),  # nothing: the key is taken (ON CONFLICT DO NOTHING)
         ("SELECT", "runs_effect"),  # the key's effect locked, its tombstone, the last seq
-        ("SELECT", "runs_run"),  # whether the attempt holding it still runs
+        # (no query whether its holder runs: it is this locked, running attempt)
         ("INSERT", "runs_call"),  # the call (answer: wait, it is in flight)
     ]
 
