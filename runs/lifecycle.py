@@ -130,6 +130,11 @@ def insert_or_lock_winner(obj: Model, same_row: QuerySet) -> tuple[Model, bool]:
     waits for the winner's commit and then does nothing (no error, so no savepoint
     is needed), and the locked read after it, a statement of its own, sees the
     winner's row. Annotations of ``same_row`` are copied onto ``obj`` when it won.
+
+    ``ignore_conflicts`` skips a conflict on any unique constraint, so ``same_row``
+    must find the row of the only one that can conflict (the primary key is a new
+    UUID). On SQLite it is ``INSERT OR IGNORE``, which also skips a NOT NULL or
+    CHECK violation: the read then finds nothing and raises ``DoesNotExist``.
     """
     type(obj).objects.bulk_create([obj], ignore_conflicts=True)
     row = same_row.select_for_update().get()
@@ -558,7 +563,7 @@ def heartbeat(agent: Agent, run_id: Any, *, attempt: int, now: datetime | None =
     ).update(heartbeat_at=now, stale_at=stale_at)
     if not updated:
         run.refresh_from_db()
-        require_running_attempt(run, attempt)  # raises the right error
+        require_current_and_running(run, attempt)  # raises the right error
     run.heartbeat_at = now
     run.stale_at = stale_at
     return run

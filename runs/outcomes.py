@@ -28,7 +28,7 @@ from runs.lifecycle import (
     lock_run,
     lock_run_and_effect,
     released_status,
-    require_running_attempt,
+    require_current_and_running,
     save_effect,
 )
 from runs.models import (
@@ -60,7 +60,7 @@ def claim_effect(
     actor = Actor.for_agent(agent)
     with journal_transaction():
         run = lock_run(agent, run_id)
-        require_running_attempt(run, attempt)
+        require_current_and_running(run, attempt)  # the run's lock says it: no query
         effect = lock_effect(agent, effect_id)
         _require_recorded_by(effect, run)
         expire_if_past_deadline(effect, now)
@@ -179,7 +179,7 @@ def reconcile_effect(
     actor = Actor.for_agent(agent)
     with journal_transaction():
         run = lock_run(agent, run_id)
-        require_running_attempt(run, attempt)
+        require_current_and_running(run, attempt)  # the run's lock says it: no query
         effect = lock_effect(agent, effect_id)
         _require_recorded_by(effect, run)
         if effect.status != EffectStatus.UNKNOWN:

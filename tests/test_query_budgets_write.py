@@ -89,8 +89,7 @@ def test_claim_of_an_approved_effect(agent, operator):
     approve_effect(operator, effect.pk, args_hash=effect.args_hash)
     _, statements = _run(claim_effect, agent, effect.pk, run_id=run.pk, attempt=1)
     assert statements == [
-        ("SELECT", "runs_run"),  # the run locked
-        ("SELECT", "runs_attempt"),  # its running attempt
+        ("SELECT", "runs_run"),  # the run locked (running this attempt: no query for it)
         ("SELECT", "runs_effect"),  # the effect locked
         ("SELECT", "runs_call"),  # this run recorded a call to it
         ("UPDATE", "runs_effect"),  # claimed
