@@ -67,14 +67,11 @@ def _lock_run_for_call(agent: Agent, run_id: Any, attempt: int) -> tuple[Run, An
     path): that row existed before this request could name its number.
     """
     attempt_id = Attempt.objects.filter(run=OuterRef("pk"), number=attempt).values("pk")[:1]
-    run = (
-        Run.objects.select_for_update(of=("self",))
-        .annotate(attempt_id=Subquery(attempt_id))
-        .filter(pk=run_id, agent=agent)
-        .first()
-    )
-    if run is None:
-        raise NotFound("No such run for this agent.")
+    locked = Run.objects.select_for_update(of=("self",)).annotate(attempt_id=Subquery(attempt_id))
+    try:
+        run = locked.get(pk=run_id, agent=agent)
+    except Run.DoesNotExist:
+        raise NotFound("No such run for this agent.") from None
     require_current_and_running(run, attempt)
     return run, run.attempt_id
 

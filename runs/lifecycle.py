@@ -104,17 +104,17 @@ def journal_transaction():
 
 def lock_run(agent: Agent, run_id: Any) -> Run:
     """The agent's run, locked; another agent's id is NotFound like a missing one."""
-    run = Run.objects.select_for_update().filter(pk=run_id, agent=agent).first()
-    if run is None:
-        raise NotFound("No such run for this agent.")
-    return run
+    try:
+        return Run.objects.select_for_update().get(pk=run_id, agent=agent)
+    except Run.DoesNotExist:
+        raise NotFound("No such run for this agent.") from None
 
 
 def lock_effect(agent: Agent, effect_id: Any) -> Effect:
-    effect = Effect.objects.select_for_update().filter(pk=effect_id, agent=agent).first()
-    if effect is None:
-        raise NotFound("No such effect for this agent.")
-    return effect
+    try:
+        return Effect.objects.select_for_update().get(pk=effect_id, agent=agent)
+    except Effect.DoesNotExist:
+        raise NotFound("No such effect for this agent.") from None
 
 
 def lock_run_and_effect(agent: Agent, run_id: Any, effect_id: Any) -> tuple[Run, Effect]:
