@@ -27,7 +27,6 @@ from runs.lifecycle import (
     claim_for,
     default_approval_ttl,
     expire_if_past_deadline,
-    journal_transaction,
     make_unknown,
     require_current_and_running,
     save_effect,
@@ -141,7 +140,7 @@ def record_call(
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
     digest = compute_args_hash(args)
-    with journal_transaction():
+    with transaction.atomic():
         run, attempt_id = _lock_run_for_call(agent, run_id, attempt)
         if run.restart_policy == RestartPolicy.BLUNT:
             mark_verdict_blocked(run)  # the blunt policy blocks any recorded call

@@ -15,9 +15,6 @@ sweep (``runs/sweep.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -70,35 +67,6 @@ def seconds(n: int) -> timedelta:
 
 def default_approval_ttl() -> int:
     return settings.STARTSAFE["APPROVAL_TTL"]
-
-
-# Set while the idempotency middleware runs an API request in its transaction.
-_IN_REQUEST_TRANSACTION: ContextVar[bool] = ContextVar("in_request_transaction", default=False)
-
-
-@contextmanager
-def request_transaction() -> Iterator[None]:
-    """Mark the API request's own transaction (``runs/idempotency.py``) around the view.
-
-    Its rules then run without a savepoint (``journal_transaction``): when one of
-    them fails, the middleware rolls the whole request back instead, which is the
-    same outcome, since a rule is all the work an API request does.
-    """
-    marker = _IN_REQUEST_TRANSACTION.set(True)
-    try:
-        yield
-    finally:
-        _IN_REQUEST_TRANSACTION.reset(marker)
-
-
-def journal_transaction():
-    """The transaction of one rule of the journal, for the rules the API calls.
-
-    Inside the API request's transaction, a savepoint would cost every write two
-    round trips (``SAVEPOINT``, ``RELEASE``) for nothing; everywhere else (the
-    console, the sweep, tests) a rule nests as ``transaction.atomic()`` does.
-    """
-    return transaction.atomic(savepoint=not _IN_REQUEST_TRANSACTION.get())
 
 
 def lock_run(agent: Agent, run_id: Any) -> Run:
@@ -438,7 +406,7 @@ def start_run(
     """
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
-    with journal_transaction():
+    with transaction.atomic():
         run = Run.objects.select_for_update().filter(agent=agent, run_key=run_key).first()
         if run is None:
             try:
@@ -571,7 +539,7 @@ def finish_run(
         )
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
-    with journal_transaction():
+    with transaction.atomic():
         run = lock_run(agent, run_id)
         current = require_running_attempt(run, attempt)
         stop_attempt(run, current, outcome, actor, now, error=error)

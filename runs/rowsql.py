@@ -24,9 +24,8 @@ them: audit events and argument versions are found by their effect).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
-from contextvars import ContextVar
+from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from datetime import UTC, datetime
 from typing import Any
 
@@ -236,70 +235,11 @@ def write(inserts: Iterable[Model] = (), updates: Iterable[Model] = ()) -> None:
 
     Rows of one model inserted together share one ``VALUES`` list. On PostgreSQL
     the whole write is one statement; elsewhere one statement per model or row.
-    Inside ``deferred_writes`` the write waits for the next statement instead.
     """
     db = _db()
     inserts, updates = list(inserts), list(updates)
     _send_pre_save(db, [*inserts, *updates])
-    waiting = _waiting.get()
-    if waiting is None:
-        _write_now(db, inserts, updates)
-        return
-    if waiting:
-        _write_now(db, *waiting.pop())  # one write waits at a time: the order holds
-    waiting.append((inserts, updates))
-
-
-# The write that waits (``deferred_writes``): none outside one; inside, a list of at
-# most one (inserts, updates).
-_waiting: ContextVar[list | None] = ContextVar("rowsql_waiting", default=None)
-
-
-@contextmanager
-def deferred_writes() -> Iterator[None]:
-    """Let the last write of a request share a statement with what follows it.
-
-    The API keeps each keyed answer with the work (``runs/idempotency.py``): the
-    rule's last write and the kept answer are two statements one after the other.
-    Inside this block a ``write`` waits; any other statement on the connection
-    first sends it (an execute wrapper), so every read sees it and the order of
-    writes is the order of the calls; ``flush`` sends it with rows of its own, as
-    one statement (PostgreSQL). A write still waiting when the block ends is sent
-    then; when the block ends by an exception it is dropped, since the caller's
-    transaction rolls back.
-    """
-    db = _db()
-    if db.vendor != "postgresql":
-        yield  # each row is its own statement there: nothing to share
-        return
-    waiting: list = []
-    marker = _waiting.set(waiting)
-    try:
-        with db.execute_wrapper(_send_waiting_first):
-            yield
-        if waiting:
-            _write_now(db, *waiting.pop())
-    finally:
-        _waiting.reset(marker)
-
-
-def _send_waiting_first(execute, sql, params, many, context):
-    waiting = _waiting.get()
-    if waiting:
-        _write_now(context["connection"], *waiting.pop())
-    return execute(sql, params, many, context)
-
-
-def flush(inserts: Iterable[Model] = ()) -> None:
-    """Send the write that waits (``deferred_writes``) now, with ``inserts`` in the
-    same statement; rows of ``inserts`` must be rows the waiting write does not
-    touch (one statement modifies a row once). Without one, ``write(inserts)``."""
-    db = _db()
-    inserts = list(inserts)
-    _send_pre_save(db, inserts)
-    waiting = _waiting.get()
-    waiting_inserts, waiting_updates = waiting.pop() if waiting else ([], [])
-    _write_now(db, [*waiting_inserts, *inserts], waiting_updates)
+    _write_now(db, inserts, updates)
 
 
 def _send_pre_save(db, objs: list[Model]) -> None:

@@ -186,74 +186,6 @@ def test_post_save_is_sent_for_every_written_row(agent):
     assert all((u, r, db) == (None, False, "default") for *_, u, r, db in seen)
 
 
-@on_postgresql
-def test_a_deferred_write_waits_for_the_next_statement_and_is_sent_first(agent):
-    effect = _effect(agent)
-    event = _event(effect, "test_deferred")
-    effect.preview = "deferred"
-
-    with (
-        transaction.atomic(),
-        CaptureQueriesContext(connection) as queries,
-        rowsql.deferred_writes(),
-    ):
-        rowsql.write(inserts=[event], updates=[effect])
-        assert len(queries) == 0  # it waits
-        # Any statement sends it first, so a read sees it.
-        assert Effect.objects.get(pk=effect.pk).preview == "deferred"
-
-    assert len(queries) == 2 and queries[0]["sql"].startswith("WITH ")
-    assert AuditEvent.objects.filter(effect=effect, verb="test_deferred").count() == 1
-
-
-@on_postgresql
-def test_two_deferred_writes_of_one_row_keep_their_order(agent):
-    effect = _effect(agent)
-
-    with transaction.atomic(), rowsql.deferred_writes():
-        effect.preview = "first"
-        rowsql.write(updates=[effect])
-        effect.preview = "second"
-        rowsql.write(updates=[effect])  # sends the first, then waits
-        rowsql.flush()
-
-    assert Effect.objects.get(pk=effect.pk).preview == "second"
-
-
-@on_postgresql
-def test_flush_sends_the_waiting_write_with_its_own_rows_in_one_statement(agent):
-    effect = _effect(agent)
-    effect.preview = "flushed"
-    first, second = _event(effect, "test_waiting"), _event(effect, "test_flushed")
-
-    with (
-        transaction.atomic(),
-        CaptureQueriesContext(connection) as queries,
-        rowsql.deferred_writes(),
-    ):
-        rowsql.write(inserts=[first], updates=[effect])
-        rowsql.flush(inserts=[second])
-
-    assert len(queries) == 1
-    assert Effect.objects.get(pk=effect.pk).preview == "flushed"
-    verbs = set(AuditEvent.objects.filter(effect=effect).values_list("verb", flat=True))
-    assert {"test_waiting", "test_flushed"} <= verbs
-    assert not second._state.adding
-
-
-def test_outside_deferred_writes_a_write_is_sent_at_once(agent):
-    effect = _effect(agent)
-    effect.preview = "at once"
-
-    with CaptureQueriesContext(connection) as queries:
-        rowsql.write(updates=[effect])
-        assert len(queries) == 1
-        rowsql.flush(inserts=[_event(effect, "test_alone")])
-
-    assert len(queries) == 2
-    assert AuditEvent.objects.filter(effect=effect, verb="test_alone").exists()
-
-
 def test_the_cursor_is_reused_on_one_connection_and_logged_while_logging(agent):
     with rowsql.cursor() as first:
         first.execute("SELECT 1")
@@ -309,19 +241,3 @@ def test_times_read_by_the_reused_cursor_are_what_the_orm_reads(agent):
         mine, theirs = getattr(fetched, name), getattr(orm, name)
         assert (mine, mine.tzinfo) == (theirs, theirs.tzinfo), name
     assert fetched.claimed_at == effect.claimed_at
-
-
-@on_postgresql
-def test_a_write_still_waiting_when_the_block_ends_is_sent_unless_it_fails(agent):
-    effect = _effect(agent)
-
-    with transaction.atomic(), rowsql.deferred_writes():
-        effect.preview = "sent at the end"
-        rowsql.write(updates=[effect])
-    assert Effect.objects.get(pk=effect.pk).preview == "sent at the end"
-
-    with pytest.raises(RuntimeError), transaction.atomic(), rowsql.deferred_writes():
-        effect.preview = "dropped"
-        rowsql.write(updates=[effect])
-        raise RuntimeError("the request failed")
-    assert Effect.objects.get(pk=effect.pk).preview == "sent at the end"
