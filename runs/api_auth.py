@@ -38,10 +38,11 @@ def _agent_for_token(token: str | None) -> Agent | None:
         return None
     # The lookup is by a SHA-256 of the token: comparing hashes leaks nothing
     # useful about the token, and token_matches() double-checks in constant time.
-    agent = Agent.objects.filter(token_hash=hash_token(token), is_active=True).first()
-    if agent is None or not agent.token_matches(token):
+    try:
+        agent = Agent.objects.get(token_hash=hash_token(token), is_active=True)
+    except Agent.DoesNotExist:
         return None
-    return agent
+    return agent if agent.token_matches(token) else None
 
 
 def error_response(

@@ -238,14 +238,15 @@ def _too_large() -> HttpResponse:
     )
 
 
-def prune_idempotent_requests(now=None, batch: int = PRUNE_BATCH) -> int:
+def prune_idempotent_requests(now=None, batch: int | None = None) -> int:
     """Forget answers older than the retention (24 hours); returns how many.
 
     In batches of ``batch`` rows, each its own short transaction: a day of keys can
     be millions of rows, and one ``DELETE`` of them all would hold its locks and
     its WAL for as long as it takes. A batch is the oldest rows by ``created_at``
-    (its index), deleted by primary key."""
+    (its index), deleted by primary key; ``batch`` is ``PRUNE_BATCH`` unless given."""
     cutoff = (now or timezone.now()) - RETENTION
+    batch = batch or PRUNE_BATCH
     old = IdempotentRequest.objects.filter(created_at__lt=cutoff).order_by("created_at")
     total = 0
     while True:
