@@ -23,8 +23,6 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from approvals.models import record_task_run
-from approvals.notifications import notify_needs_person, notify_needs_person_many
 from runs.audit import SYSTEM, new_event, record_event, save_events
 from runs.handoff import dispatch_due_handoffs, schedule_restart_handoff
 from runs.lifecycle import expire_if_past_deadline, make_unknown, set_run_status, stop_attempt
@@ -37,7 +35,9 @@ from runs.models import (
     RestartPolicy,
     Run,
     RunStatus,
+    record_task_run,
 )
+from runs.signals import runs_need_person
 from runs.verdict import restart_verdict, restart_verdicts
 from startsafe.logs import kv
 
@@ -148,7 +148,7 @@ def interrupt_stale_run(run_id, now: datetime, report: SweepReport) -> bool:
                 data={"verdict": verdict.as_dict()},
             )
             # In the same transaction: operators hear of it exactly when it is true.
-            notify_needs_person(run, now, why)
+            runs_need_person.send(Run, runs=[(run, why)], now=now)
             report.needs_person.append(str(run.pk))
     return True
 
@@ -284,7 +284,7 @@ def interrupt_stale_runs(run_ids: list, now: datetime, report: SweepReport) -> N
         for run in ready:
             schedule_restart_handoff(run, now)  # only runs with a restart_url: real work
         # In the same transaction: operators hear of it exactly when it is true.
-        notify_needs_person_many(waiting, now)
+        runs_need_person.send(Run, runs=waiting, now=now)
         save_events(events)
     report.interrupted.extend(str(run.pk) for run in runs)
     report.restart_ready.extend(str(run.pk) for run in ready)

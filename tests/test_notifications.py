@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.core import mail
 
-from approvals.models import Notification, TaskState
+from approvals.models import Notification
 from approvals.notifications import (
     collect_notifications,
     notify,
@@ -16,7 +16,7 @@ from approvals.notifications import (
 )
 from runs.calls import record_call
 from runs.lifecycle import start_run
-from runs.models import Effect
+from runs.models import Effect, TaskState
 from runs.sweep import sweep
 from tests.runtime_server import RuntimeServer
 
