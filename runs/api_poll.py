@@ -26,7 +26,7 @@ from datetime import datetime
 from uuid import UUID
 
 import orjson
-from django.db import connection
+from django.db import connection, models
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
@@ -37,38 +37,22 @@ from runs.models import Agent, Effect, hash_token
 from runs.ratelimit import check_rate_limit
 from runs.serialize import effect_dict
 
-_EFFECT_COLUMNS = (
-    "id",
-    "run_id",
-    "tool",
-    "key",
-    "key_source",
-    "needs_approval",
-    "approvals_required",
-    "current_approvals",
-    "timeout",
-    "status",
-    "args",
-    "args_hash",
-    "args_versions",
-    "preview",
-    "result",
-    "error",
-    "claimed_run_id",
-    "claimed_attempt",
-    "approval_expires_at",
-    "decision",
-    "revision",
-    "created_at",
-    "updated_at",
+# The effect's columns as its API shape reads them (runs/serialize.py), and those
+# ``action_for`` and the ETag read.
+_EFFECT_COLUMNS = tuple(
+    dict.fromkeys((*effect_dict.columns, "status", "approval_expires_at", "revision"))
 )
-_JSON_COLUMNS = frozenset({"current_approvals", "args", "result", "decision"})
+_JSON_COLUMNS = frozenset(
+    column
+    for column in _EFFECT_COLUMNS
+    if isinstance(Effect._meta.get_field(column), models.JSONField)
+)
 
 # The agent by its token's hash (runs_agent.token_hash is unique), with its effect
 # by primary key if it owns it: an index lookup on each side, one round trip.
 POLL_SQL = (
     "SELECT a.id, a.name, a.token_hash, "
-    + ", ".join(f"e.{column}" for column in _EFFECT_COLUMNS)
+    + ", ".join(f"e.{Effect._meta.get_field(column).column}" for column in _EFFECT_COLUMNS)
     + " FROM runs_agent a LEFT JOIN runs_effect e ON e.agent_id = a.id AND e.id = %s"
     " WHERE a.token_hash = %s AND a.is_active"
 )
@@ -89,12 +73,6 @@ class EffectRow:
                 value = orjson.Fragment(value)
             setattr(self, column, value)
         self.pk = self.id
-
-    @property
-    def claimed_by(self) -> dict | None:
-        if self.claimed_run_id is None:
-            return None
-        return {"run_id": str(self.claimed_run_id), "attempt": self.claimed_attempt}
 
 
 def etag_for(effect_id, revision: int, action: str) -> str:
