@@ -379,6 +379,13 @@ class Effect(models.Model):
     def __str__(self) -> str:
         return f"{self.tool} {self.key or self.id}"
 
+    @property
+    def claimed_by(self) -> dict | None:
+        # Reads two columns only: the poll's EffectRow gives them too (runs/serialize.py).
+        if self.claimed_run_id is None:
+            return None
+        return {"run_id": str(self.claimed_run_id), "attempt": self.claimed_attempt}
+
 
 class Call(models.Model):
     """One line of a run's journal: a tool call as one attempt recorded it."""

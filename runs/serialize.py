@@ -92,12 +92,6 @@ def _getter(attname: str, convert: Callable[[Any], Any] | None) -> Callable[[Any
     return lambda row: convert(getattr(row, attname))
 
 
-def _claimed_by(effect) -> dict | None:
-    if effect.claimed_run_id is None:
-        return None
-    return {"run_id": str(effect.claimed_run_id), "attempt": effect.claimed_attempt}
-
-
 run_dict = Shape(RunOut, Run)
 attempt_dict = Shape(AttemptOut, Attempt)
 call_dict = Shape(CallOut, Call, attempt="attempt_number")
@@ -107,7 +101,8 @@ effect_dict = Shape(
     approvals="current_approvals",
     # Stored as "" when the agent sent none; the contract says null.
     preview=Computed(lambda effect: effect.preview or None, reads=("preview",)),
-    claimed_by=Computed(_claimed_by, reads=("claimed_run_id", "claimed_attempt")),
+    # The model's property, applied to whatever row is given (the poll's too).
+    claimed_by=Computed(Effect.claimed_by.fget, reads=("claimed_run_id", "claimed_attempt")),
 )
 
 
