@@ -44,11 +44,10 @@ from runs.models import (
     AttemptStatus,
     Effect,
     EffectStatus,
-    RestartPolicy,
     Run,
     RunStatus,
 )
-from runs.verdict import Verdict, mark_verdict_blocked, restart_verdict
+from runs.verdict import Verdict, keep_verdict_blocked, restart_verdict
 
 # --- Results ----------------------------------------------------------------
 
@@ -244,11 +243,7 @@ def set_claim(effect: Effect, run: Run, attempt: int, now: datetime) -> None:
     effect.claimed_at = now
     if effect.first_claimed_at is None:
         effect.first_claimed_at = now
-        if effect.key is None and run.restart_policy == RestartPolicy.KEYED:
-            # A keyed run that starts an unkeyed effect cannot be restarted safely.
-            # Only the run that recorded an unkeyed effect can claim it (a new one
-            # per call), so the claiming run is the effect's own.
-            mark_verdict_blocked(run)
+        keep_verdict_blocked(run, effect)
     effect.timeout_at = now + seconds(effect.timeout) if effect.timeout else None
     # A retry starts clean; the earlier failure stays in the audit log.
     effect.error = None
@@ -443,14 +438,12 @@ def start_run(
         if run is None:
             try:
                 with transaction.atomic():
-                    run = Run.objects.create(
+                    run = Run(
                         agent=agent,
                         run_key=run_key,
                         title=title or "",
                         input=input or {},
                         restart_policy=restart_policy,
-                        # A manual run's verdict always blocks (runs/verdict.py).
-                        verdict_blocked=restart_policy == RestartPolicy.MANUAL,
                         heartbeat_timeout=heartbeat_timeout,
                         restart_url=restart_url or None,
                         heartbeat_at=now,
@@ -459,6 +452,8 @@ def start_run(
                         created_at=now,
                         updated_at=now,
                     )
+                    keep_verdict_blocked(run)  # a manual run is blocked from the start
+                    run.save(force_insert=True)
                     attempt = _new_attempt(
                         run,
                         started_by="agent",

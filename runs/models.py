@@ -128,8 +128,8 @@ class Run(models.Model):
     )
     override_at = models.DateTimeField(null=True, blank=True)
     override_note = models.TextField(blank=True, default="")
-    # Whether the run's history has a blocking reason (runs/verdict.py): kept by the
-    # rules as it becomes true (``mark_verdict_blocked``), never false again, so the
+    # Whether the run's history has a blocking reason (runs/verdict.py): set as it
+    # becomes true (``runs.verdict.keep_verdict_blocked``), never false again, so the
     # console's "verdict" filter and its count read an index instead of testing
     # every run's effects and calls (docs/performance.md). The verdict itself is
     # still computed from the journal.
