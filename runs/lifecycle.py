@@ -360,8 +360,8 @@ def stop_runs(
 
     for run in runs:
         attempt = run.current_attempt
-        ended = f"attempt_{attempt_status}"
-        event(ended, AttemptStatus.RUNNING, attempt_status, error or "", attempt, run=run)
+        verb = f"attempt_{attempt_status}"
+        event(verb, AttemptStatus.RUNNING, attempt_status, error or "", attempt, run=run)
         for effect in held.get(run.pk, []):
             why = f"Attempt {attempt} ended {attempt_status} while it was in flight."
             unknown = (EffectStatus.IN_FLIGHT, EffectStatus.UNKNOWN)
