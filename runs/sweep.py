@@ -84,11 +84,8 @@ class SweepReport:
 
 
 def interrupt_stale_runs(run_ids: list, now: datetime, report: SweepReport) -> None:
-    """Interrupt a batch of stale runs and decide their restarts, in one transaction.
-
-    A fixed number of statements per batch instead of a dozen per run
-    (docs/performance.md, the sweep); ``_interrupt``.
-    """
+    """Interrupt a batch of stale runs and decide their restarts (``_interrupt``): one
+    transaction and a fixed number of statements for the batch (docs/performance.md)."""
     _interrupt(run_ids, now, report)
 
 
