@@ -25,7 +25,7 @@ from datetime import datetime
 from uuid import UUID
 
 import orjson
-from django.db import connection
+from django.db import connection, models
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
@@ -34,38 +34,23 @@ from runs.lifecycle import action_for
 from runs.models import Agent, Effect
 from runs.serialize import effect_dict
 
-_EFFECT_COLUMNS = (
-    "id",
-    "run_id",
-    "tool",
-    "key",
-    "key_source",
-    "needs_approval",
-    "approvals_required",
-    "current_approvals",
-    "timeout",
-    "status",
-    "args",
-    "args_hash",
-    "args_versions",
-    "preview",
-    "result",
-    "error",
-    "claimed_run_id",
-    "claimed_attempt",
-    "approval_expires_at",
-    "decision",
-    "revision",
-    "created_at",
-    "updated_at",
+# The effect's columns as its API shape reads them (runs/serialize.py), and those
+# ``action_for`` and the ETag read.
+_EFFECT_COLUMNS = tuple(
+    dict.fromkeys((*effect_dict.columns, "status", "approval_expires_at", "revision"))
 )
-_JSON_COLUMNS = frozenset({"current_approvals", "args", "result", "decision"})
+_JSON_COLUMNS = frozenset(
+    column
+    for column in _EFFECT_COLUMNS
+    if isinstance(Effect._meta.get_field(column), models.JSONField)
+)
 
 # The agent's effect by primary key: one index lookup. Raw SQL: the one read-only
 # fast path of the API (the module's docstring says why).
 POLL_SQL = (
-    f"SELECT {', '.join(_EFFECT_COLUMNS)} FROM {Effect._meta.db_table}"
-    " WHERE id = %s AND agent_id = %s"
+    "SELECT "
+    + ", ".join(Effect._meta.get_field(column).column for column in _EFFECT_COLUMNS)
+    + f" FROM {Effect._meta.db_table} WHERE id = %s AND agent_id = %s"
 )
 
 
@@ -84,12 +69,6 @@ class EffectRow:
                 value = orjson.Fragment(value)
             setattr(self, column, value)
         self.pk = self.id
-
-    @property
-    def claimed_by(self) -> dict | None:
-        if self.claimed_run_id is None:
-            return None
-        return {"run_id": str(self.claimed_run_id), "attempt": self.claimed_attempt}
 
 
 def etag_for(effect_id, revision: int, action: str) -> str:

@@ -44,10 +44,9 @@ from runs.models import (
     EffectStatus,
     EffectVersion,
     KeyTombstone,
-    RestartPolicy,
     Run,
 )
-from runs.verdict import mark_verdict_blocked
+from runs.verdict import keep_verdict_blocked
 
 # --- Calls --------------------------------------------------------------------
 
@@ -142,8 +141,6 @@ def record_call(
     digest = compute_args_hash(args)
     with transaction.atomic():
         run, attempt_id = _lock_run_for_call(agent, run_id, attempt)
-        if run.restart_policy == RestartPolicy.BLUNT:
-            mark_verdict_blocked(run)  # the blunt policy blocks any recorded call
         call = Call(
             run=run,
             attempt_id=attempt_id,
@@ -154,6 +151,7 @@ def record_call(
             args_hash=digest,
             at=now,
         )
+        keep_verdict_blocked(run, call)
         if kind == CallKind.READ:
             call.seq = _last_seq(attempt_id) + 1
             call.action = Action.EXECUTE
