@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
-from django.db.models.signals import post_migrate
+from django.db.models.signals import post_migrate, post_save
 
 
 def _ensure_roles_after_migrate(sender, using="default", apps=None, **kwargs) -> None:
@@ -24,6 +24,19 @@ class ApprovalsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from approvals import signals
+        from runs.models import AuditEvent
+        from runs.signals import runs_need_person
+
+        # Structured logs of every state change: the audit row is the one place all
+        # of them pass through (runs/audit.py), so one receiver logs them all.
+        post_save.connect(
+            signals.log_audit_event, sender=AuditEvent, dispatch_uid="startsafe_log_audit_event"
+        )
+        runs_need_person.connect(
+            signals.tell_operators_runs_need_person,
+            dispatch_uid="startsafe_tell_operators_runs_need_person",
+        )
         # A flush (as transactional tests do) empties auth_group; bring the roles back.
         post_migrate.connect(
             _ensure_roles_after_migrate, sender=self, dispatch_uid="startsafe_ensure_roles"

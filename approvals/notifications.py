@@ -20,14 +20,16 @@ from django.core.mail import EmailMessage
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from approvals.models import (
+from approvals.models import Notification, NotificationKind
+from runs.models import (
     ACTIVE_OUTBOX_STATUSES,
-    Notification,
-    NotificationKind,
+    AuditEvent,
+    Effect,
+    EffectStatus,
     OutboxStatus,
+    Run,
     record_task_run,
 )
-from runs.models import AuditEvent, Effect, EffectStatus, Run
 from startsafe import outbound
 from startsafe.logs import kv
 
@@ -47,13 +49,9 @@ def _conf(name: str):
 # --- Writing the news -----------------------------------------------------------
 
 
-def notify_needs_person(run: Run, now: datetime, why: str) -> None:
-    """A run waits for a person's decision (call it inside the event's transaction)."""
-    notify_needs_person_many([(run, why)], now)
-
-
 def notify_needs_person_many(runs: list[tuple[Run, str]], now: datetime) -> None:
-    """``notify_needs_person`` for many (run, why) pairs in one INSERT (the sweep's batches)."""
+    """Runs wait for a person's decision, each with why: one INSERT for them all (the
+    sweep's batches). Called inside the event's transaction (runs.signals)."""
     Notification.objects.bulk_create(
         [
             Notification(

@@ -1,20 +1,18 @@
-"""One key=value log line for every audit event, i.e. for every state change."""
+"""The approvals app's receivers, connected in ``ApprovalsConfig.ready``."""
 
 from __future__ import annotations
 
 import logging
 
-from django.db.models.signals import post_save
-from django.dispatch import receiver
-
+from approvals.notifications import notify_needs_person_many
 from runs.models import AuditEvent
 from startsafe.logs import kv
 
 logger = logging.getLogger("startsafe.events")
 
 
-@receiver(post_save, sender=AuditEvent, dispatch_uid="startsafe_log_audit_event")
 def log_audit_event(sender, instance: AuditEvent, created: bool, **kwargs) -> None:
+    """One key=value log line for every audit event, i.e. for every state change."""
     if not created or not logger.isEnabledFor(logging.INFO):
         return  # nothing to format: every write of the API's hot path sends this
     logger.info(
@@ -29,3 +27,9 @@ def log_audit_event(sender, instance: AuditEvent, created: bool, **kwargs) -> No
             note=instance.note[:200],
         )
     )
+
+
+def tell_operators_runs_need_person(sender, runs: list, now, **kwargs) -> None:
+    """``runs.signals.runs_need_person``: a notification row per run, in the sweep's
+    transaction, so operators hear of it exactly when it is true."""
+    notify_needs_person_many(runs, now)

@@ -14,20 +14,13 @@ import json
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from approvals.decisions import RUN_ACTION_STATUSES
-from runs.models import (
-    Call,
-    Effect,
-    EffectStatus,
-    EffectVersion,
-    RestartPolicy,
-    Run,
-)
+from runs.models import Effect, EffectStatus, EffectVersion, Run
+from runs.verdict import restart_verdicts
 
 HISTORY_PERMISSION = "approvals.view_history"
 
@@ -172,52 +165,6 @@ def needs_decision_runs():
 
 
 def verdict_reasons_for(runs: list[Run]) -> dict[Any, dict]:
-    """The verdict's blocking reasons and unknown-outcome notes for many runs at once.
-
-    ``runs.verdict.restart_verdict`` answers for one run with up to three queries;
-    the queue shows many runs, so this applies the same rules to all of them in
-    three queries in total (same messages, same policies):
-
-    1. keyed: every unkeyed effect the run started blocks;
-    2. blunt: any recorded call blocks (shown as a count, not one line per call);
-    3. manual: always blocks; and, for every policy, effects whose outcome is
-       unknown are noted (the restarted run would be held at that call).
-    The run page shows the full verdict from ``restart_verdict``.
-    """
-    ids = [run.pk for run in runs]
-    reasons: dict[Any, dict] = {run.pk: {"blocking": [], "notes": []} for run in runs}
-    if not ids:
-        return reasons
-    for run in runs:
-        if run.restart_policy == RestartPolicy.MANUAL:
-            reasons[run.pk]["blocking"].append(
-                "The run's restart policy is manual: a person always decides."
-            )
-    keyed = [run.pk for run in runs if run.restart_policy == RestartPolicy.KEYED]
-    if keyed:
-        started_unkeyed = Effect.objects.filter(
-            run_id__in=keyed, key__isnull=True, first_claimed_at__isnull=False
-        ).order_by("created_at")
-        for effect in started_unkeyed.only("run_id", "tool"):
-            reasons[effect.run_id]["blocking"].append(
-                f"An unkeyed effect of {effect.tool} was started: "
-                "nothing could deduplicate it on replay."
-            )
-    blunt = [run.pk for run in runs if run.restart_policy == RestartPolicy.BLUNT]
-    if blunt:
-        counts = Call.objects.filter(run_id__in=blunt).values("run_id").annotate(n=Count("id"))
-        for row in counts:
-            reasons[row["run_id"]]["blocking"].append(
-                f"{row['n']} call(s) recorded: the blunt policy blocks any recorded call."
-            )
-    unknown = (
-        Effect.objects.filter(calls__run_id__in=ids, status=EffectStatus.UNKNOWN)
-        .values("calls__run_id", "tool", "key")
-        .distinct()
-    )
-    for row in unknown:
-        reasons[row["calls__run_id"]]["notes"].append(
-            f"{row['tool']} ({row['key'] or 'unkeyed'}) has an unknown outcome: "
-            "a restart would be held at this call until it is settled."
-        )
-    return reasons
+    """What the queue shows of each run's verdict (``Verdict.for_queue``), for many
+    runs in the verdict's own three queries (``runs.verdict.restart_verdicts``)."""
+    return {pk: verdict.for_queue() for pk, verdict in restart_verdicts(runs).items()}

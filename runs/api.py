@@ -47,7 +47,7 @@ from runs.api_schemas import (
 )
 from runs.errors import JournalError
 from runs.models import Attempt, Effect, Run
-from runs.ratelimit import RateLimited, check_rate_limit, rate_limited_response
+from runs.ratelimit import RateLimited, rate_limit_refusal, rate_limited_response
 from runs.serialize import attempt_dict, call_dict, effect_dict, journal_of, run_dict
 from runs.validation import PayloadTooLarge
 from runs.verdict import restart_verdict
@@ -68,16 +68,16 @@ class StrictJsonParser(Parser):
 
 
 class AgentToken(HttpBearer):
-    """``Authorization: Bearer <token>``; the token's hash finds the agent (one query)."""
+    """``Authorization: Bearer <token>``: the agent is ``request.auth``; 429 past the rate."""
 
-    def __call__(self, request: HttpRequest):
+    def authenticate(self, request: HttpRequest, token: str):
+        # agent_for_request reads the same header (as the idempotency middleware did,
+        # whose lookup it returns without a second query).
         agent = agent_for_request(request)
-        if agent is not None:
-            check_rate_limit(request, agent)  # 429 rate_limited, per token
+        refusal = rate_limit_refusal(request, agent) if agent is not None else None
+        if refusal is not None:
+            raise refusal  # ninja's way for an auth class to answer: _rate_limited below
         return agent
-
-    def authenticate(self, request: HttpRequest, token: str):  # pragma: no cover - see __call__
-        return agent_for_request(request)
 
 
 api = NinjaAPI(
@@ -207,9 +207,6 @@ def _fields_of(errors: list[dict], body: object = None) -> dict[str, str]:
 def _validation_error(request, exc: ValidationError):
     errors = list(exc.errors)
     if any(str(e.get("loc", ("",))[0]) == "path" for e in errors):
-        if agent_for_request(request) is None:
-            # The poll authenticates itself after validation: no token is still 401.
-            return _unauthorized(request, exc)
         # A malformed id names no object, exactly like an unknown one.
         return error_response(404, "not_found", "No such object for this agent.")
     body = _request_json(request) if request.method == "POST" else None
@@ -634,13 +631,9 @@ def record_call(request, run_id: UUID, payload: CallIn):
     response={200: EffectActionOut, 304: None, **ERRORS},
     summary="The approval poll",
     tags=["effects"],
-    # The poll authenticates itself: the token and the effect are one query
-    # (runs/api_poll.py). The schema still shows the bearer token it requires.
-    auth=None,
-    openapi_extra={"security": [{"AgentToken": []}]},
 )
 def poll_effect(request, effect_id: UUID):
-    """One indexed lookup, no writes. The action is `claim`, `skip`, `wait`, `review` or
+    """Indexed lookups only, no writes. The action is `claim`, `skip`, `wait`, `review` or
     `blocked` (never `execute`). Send the `ETag` back as `If-None-Match` to get `304`
     with no body while nothing changed."""
     return poll_response(request, effect_id)

@@ -1,12 +1,15 @@
 """Bearer-token authentication of agents, and the contract's error body.
 
-One indexed query resolves the agent (``token_hash`` is unique); the result is
-cached on the request so the idempotency middleware and the API share it.
+``agent_for_request`` is the one token lookup. The API's auth class (``AgentToken``
+in runs/api.py, django-ninja's ``HttpBearer``) returns its agent for every endpoint,
+the poll included; the idempotency middleware (runs/idempotency.py) calls it first
+for a request with a body, so that a client without a valid token cannot make it
+read one. The first call asks the database (one indexed query: ``token_hash`` is
+unique) and the answer is kept on the request, so a request asks once.
 """
 
 from __future__ import annotations
 
-from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
 from runs.models import Agent, hash_token
@@ -23,51 +26,23 @@ def bearer_token(request: HttpRequest) -> str | None:
 
 
 def agent_for_request(request: HttpRequest) -> Agent | None:
-    """The active agent whose token the request carries, or None (one query, cached)."""
-    cached = getattr(request, "_startsafe_agent", _UNSET)
-    if cached is not _UNSET:
-        return cached
-    token = bearer_token(request)
-    agent = None
-    if token is not None and len(token) <= 200 and token.isprintable():
-        # The lookup is by a SHA-256 of the token: comparing hashes leaks nothing
-        # useful about the token, and token_matches() double-checks in constant time.
-        candidate = active_agent_by_hash(hash_token(token))
-        if candidate is not None and candidate.token_matches(token):
-            agent = candidate
-    request._startsafe_agent = agent
-    return agent
+    """The active agent whose token the request carries, or None (one query, kept)."""
+    found = getattr(request, "_startsafe_agent", _UNSET)
+    if found is _UNSET:
+        found = request._startsafe_agent = _agent_for_token(bearer_token(request))
+    return found
 
 
-def remember_agent(request: HttpRequest, agent: Agent | None) -> None:
-    """Cache the request's agent, resolved elsewhere (the idempotency middleware)."""
-    request._startsafe_agent = agent
-
-
-_AGENT_FIELDS = [field.attname for field in Agent._meta.concrete_fields]
-AGENT_COLUMNS = [field.column for field in Agent._meta.concrete_fields]
-# Every API request runs it: a constant statement skips the ORM's query building,
-# which cost more CPU than PostgreSQL's index lookup on the unique token_hash.
-_AGENT_SQL = (
-    f"SELECT {', '.join(AGENT_COLUMNS)} FROM {Agent._meta.db_table}"
-    " WHERE token_hash = %s AND is_active"
-)
-
-
-def agent_from_row(row) -> Agent:
-    """The agent of a row whose first columns are ``AGENT_COLUMNS`` (PostgreSQL)."""
-    return Agent.from_db(connection.alias, _AGENT_FIELDS, row[: len(_AGENT_FIELDS)])
-
-
-def active_agent_by_hash(digest: str) -> Agent | None:
-    if connection.vendor != "postgresql":
-        # The embedded SQLite default stores ids as hex text and times as naive
-        # text: the ORM converts them, a raw row would not.
-        return Agent.objects.filter(token_hash=digest, is_active=True).first()
-    with connection.cursor() as cursor:
-        cursor.execute(_AGENT_SQL, [digest])
-        row = cursor.fetchone()
-    return agent_from_row(row) if row is not None else None
+def _agent_for_token(token: str | None) -> Agent | None:
+    if token is None or len(token) > 200 or not token.isprintable():
+        return None
+    # The lookup is by a SHA-256 of the token: comparing hashes leaks nothing
+    # useful about the token, and token_matches() double-checks in constant time.
+    try:
+        agent = Agent.objects.get(token_hash=hash_token(token), is_active=True)
+    except Agent.DoesNotExist:
+        return None
+    return agent if agent.token_matches(token) else None
 
 
 def error_response(

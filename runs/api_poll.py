@@ -4,11 +4,11 @@ Thousands of waiting agents poll all day, so the poll is built to cost little mo
 than reading one row by primary key (``make bench`` measures it against exactly
 that, see docs/performance.md):
 
-1. One SQL statement resolves the token and the effect together: the agent by
-   ``token_hash`` (unique index), LEFT JOIN its effect by primary key. No row:
-   ``401``; an agent without the effect: ``404`` (another agent's id answers
-   exactly like a missing one). The statement is a constant string: building it
-   with the ORM cost more CPU than PostgreSQL spent answering it.
+1. The token is the API's as for every endpoint (``AgentToken``, runs/api.py:
+   ``401`` and ``429`` before this runs). The effect is read by primary key and
+   agent in one constant statement: building it with the ORM cost more CPU than
+   PostgreSQL spent answering it. No row: ``404`` (another agent's id answers
+   exactly like a missing one).
 2. The ETag (id, revision, action) is decided from the row; a match is ``304``
    before any body is built.
 3. The body is built with orjson, and the JSON columns go in as the text
@@ -21,55 +21,36 @@ contract has one definition.
 
 from __future__ import annotations
 
-import hmac
 from datetime import datetime
 from uuid import UUID
 
 import orjson
-from django.db import connection
+from django.db import connection, models
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from runs.api_auth import active_agent_by_hash, bearer_token, error_response
+from runs.api_auth import error_response
 from runs.lifecycle import action_for
-from runs.models import Agent, Effect, hash_token
-from runs.ratelimit import check_rate_limit
+from runs.models import Agent, Effect
 from runs.serialize import effect_dict
 
-_EFFECT_COLUMNS = (
-    "id",
-    "run_id",
-    "tool",
-    "key",
-    "key_source",
-    "needs_approval",
-    "approvals_required",
-    "current_approvals",
-    "timeout",
-    "status",
-    "args",
-    "args_hash",
-    "args_versions",
-    "preview",
-    "result",
-    "error",
-    "claimed_run_id",
-    "claimed_attempt",
-    "approval_expires_at",
-    "decision",
-    "revision",
-    "created_at",
-    "updated_at",
+# The effect's columns as its API shape reads them (runs/serialize.py), and those
+# ``action_for`` and the ETag read.
+_EFFECT_COLUMNS = tuple(
+    dict.fromkeys((*effect_dict.columns, "status", "approval_expires_at", "revision"))
 )
-_JSON_COLUMNS = frozenset({"current_approvals", "args", "result", "decision"})
+_JSON_COLUMNS = frozenset(
+    column
+    for column in _EFFECT_COLUMNS
+    if isinstance(Effect._meta.get_field(column), models.JSONField)
+)
 
-# The agent by its token's hash (runs_agent.token_hash is unique), with its effect
-# by primary key if it owns it: an index lookup on each side, one round trip.
+# The agent's effect by primary key: one index lookup. Raw SQL: the one read-only
+# fast path of the API (the module's docstring says why).
 POLL_SQL = (
-    "SELECT a.id, a.name, a.token_hash, "
-    + ", ".join(f"e.{column}" for column in _EFFECT_COLUMNS)
-    + " FROM runs_agent a LEFT JOIN runs_effect e ON e.agent_id = a.id AND e.id = %s"
-    " WHERE a.token_hash = %s AND a.is_active"
+    "SELECT "
+    + ", ".join(Effect._meta.get_field(column).column for column in _EFFECT_COLUMNS)
+    + f" FROM {Effect._meta.db_table} WHERE id = %s AND agent_id = %s"
 )
 
 
@@ -89,35 +70,18 @@ class EffectRow:
             setattr(self, column, value)
         self.pk = self.id
 
-    @property
-    def claimed_by(self) -> dict | None:
-        if self.claimed_run_id is None:
-            return None
-        return {"run_id": str(self.claimed_run_id), "attempt": self.claimed_attempt}
-
 
 def etag_for(effect_id, revision: int, action: str) -> str:
     return f'"{effect_id}.{revision}.{action}"'
 
 
 def poll_response(request: HttpRequest, effect_id: UUID, now: datetime | None = None):
-    """The whole poll: 401, 429, 404, 304 or 200 with ``{"effect", "action"}``."""
-    token = bearer_token(request)
-    if token is None or len(token) > 200 or not token.isprintable():
-        return _unauthorized()
-    digest = hash_token(token)
-    row, json_as_text = _poll_row(effect_id, digest)
-    # The lookup is by the hash; the constant-time comparison is the same
-    # double check agent_for_request makes.
-    if row is None or not hmac.compare_digest(row[2], digest):
-        request._startsafe_agent = None
-        return _unauthorized()
-    agent = Agent(id=row[0], name=row[1], token_hash=row[2], is_active=True)
-    request._startsafe_agent = agent
-    check_rate_limit(request, agent)  # raises RateLimited: the API's handler answers 429
-    if row[3] is None:
+    """The poll of the request's agent (``request.auth``, set by the API's auth class):
+    404, 304 or 200 with ``{"effect", "action"}``."""
+    row, json_as_text = _poll_row(effect_id, request.auth)
+    if row is None:
         return error_response(404, "not_found", "No such object for this agent.")
-    effect = EffectRow(row[3:], json_as_text=json_as_text)
+    effect = EffectRow(row, json_as_text=json_as_text)
     action = action_for(effect, now or timezone.now())
     etag = etag_for(effect.id, effect.revision, action)
     if request.headers.get("If-None-Match") == etag:
@@ -129,27 +93,17 @@ def poll_response(request: HttpRequest, effect_id: UUID, now: datetime | None = 
     return response
 
 
-def _poll_row(effect_id: UUID, digest: str) -> tuple[tuple | None, bool]:
-    """(agent id, name, token hash, *the effect's columns or Nones), or None for no
-    such active agent; and whether the JSON columns came back as text.
+def _poll_row(effect_id: UUID, agent: Agent) -> tuple[tuple | None, bool]:
+    """The effect's columns, or None when the agent has no such effect; and whether
+    the JSON columns came back as text.
 
-    On PostgreSQL, the constant statement above: one round trip, no ORM. Elsewhere
-    (the embedded SQLite default, where ids are stored as hex text and times as
-    naive text) the ORM reads the same columns and converts them: two queries.
+    On PostgreSQL, the constant statement above. Elsewhere (the embedded SQLite
+    default, where ids are stored as hex text and times as naive text) the ORM
+    reads the same columns and converts them.
     """
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute(POLL_SQL, [effect_id, digest])
+            cursor.execute(POLL_SQL, [effect_id, agent.pk])
             return cursor.fetchone(), True
-    agent = active_agent_by_hash(digest)
-    if agent is None:
-        return None, False
-    effect = Effect.objects.filter(pk=effect_id, agent=agent).values_list(*_EFFECT_COLUMNS).first()
-    row = (agent.pk, agent.name, agent.token_hash)
-    return (*row, *(effect or (None,) * len(_EFFECT_COLUMNS))), False
-
-
-def _unauthorized() -> HttpResponse:
-    return error_response(
-        401, "unauthorized", "A valid bearer token of an active agent is required."
-    )
+    effect = Effect.objects.filter(pk=effect_id, agent=agent).values_list(*_EFFECT_COLUMNS)
+    return effect.first(), False

@@ -3,6 +3,10 @@
 The OpenAPI schema at ``/api/v1/openapi.json`` is generated from these, so the
 documentation and the validation are the same code. Limits are api.md's.
 Input is strict: ``"5"`` is not an integer and ``1`` is not a boolean.
+
+Each answer object (``RunOut``, ``AttemptOut``, ``CallOut``, ``EffectOut``) is the one
+definition of its shape: runs/serialize.py builds the answers, the poll's included,
+from these fields. Status values come from the models' ``TextChoices``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,15 @@ from pydantic import (
 )
 from typing_extensions import TypeAliasType
 
+from runs.models import (
+    Action,
+    AttemptStatus,
+    CallKind,
+    EffectStatus,
+    KeySource,
+    RestartPolicy,
+    RunStatus,
+)
 from runs.validation import MAX_SAFE_INTEGER, check_json_object, check_text
 from startsafe.outbound import REFUSED_URL_PATTERN, text_refusal
 
@@ -169,6 +182,21 @@ Url = Annotated[
 ]
 
 
+def one_of(*values: str):
+    """The ``Literal`` of these values: a status field takes its values from the
+    model's ``TextChoices`` (``one_of(*EffectStatus.values)``), never retyped."""
+    return Literal[tuple(str(value) for value in values)]
+
+
+RunStatusName = one_of(*RunStatus.values)
+AttemptStatusName = one_of(*AttemptStatus.values)
+EffectStatusName = one_of(*EffectStatus.values)
+RestartPolicyName = one_of(*RestartPolicy.values)
+KeySourceName = one_of(*KeySource.values)
+CallKindName = one_of(*CallKind.values)
+ActionName = one_of(*Action.values)
+
+
 class In(BaseModel):
     # Unknown fields are refused: a typo such as "needs_aproval" must not silently
     # release a campaign without approval.
@@ -182,7 +210,7 @@ class StartIn(In):
     run_key: RunKey
     title: Annotated[Text, Field(max_length=200)] | None = None
     input: JsonObject | None = None
-    restart_policy: Literal["keyed", "blunt", "manual"] = "keyed"
+    restart_policy: RestartPolicyName = RestartPolicy.KEYED.value
     heartbeat_timeout: whole(5, 86_400) = 60
     restart_url: Url | None = None
     supersede: AttemptNumber | None = Field(
@@ -197,7 +225,7 @@ class AttemptIn(In):
 
 class FinishIn(In):
     attempt: AttemptNumber
-    outcome: Literal["completed", "failed"]
+    outcome: one_of(RunStatus.COMPLETED, RunStatus.FAILED)
     error: Annotated[Text, Field(max_length=4000)] | None = None
 
 
@@ -206,7 +234,7 @@ class ReadCallIn(In):
 
     attempt: AttemptNumber
     tool: ToolName
-    kind: Literal["read"]
+    kind: one_of(CallKind.READ)
     args: JsonObject
 
 
@@ -223,10 +251,10 @@ class EffectCallIn(In):
 
     attempt: AttemptNumber
     tool: ToolName
-    kind: Literal["effect"]
+    kind: one_of(CallKind.EFFECT)
     args: JsonObject
     key: EffectKey | None = None
-    key_source: Literal["provider", "content", "intent"] | None = Field(
+    key_source: KeySourceName | None = Field(
         None, description="Required with key: where the key comes from."
     )
     needs_approval: StrictBool = False
@@ -249,7 +277,7 @@ class ClaimIn(In):
 class CompleteIn(In):
     run_id: Annotated[UUID, Field(strict=False)]
     attempt: AttemptNumber
-    outcome: Literal["done", "failed"]
+    outcome: one_of(EffectStatus.DONE, EffectStatus.FAILED)
     result: JsonObject | None = None
     error: Annotated[Text, Field(max_length=4000)] | None = None
 
@@ -263,8 +291,6 @@ class ReconcileIn(In):
 
 
 # --- Answers ---------------------------------------------------------------------
-
-ActionName = Literal["execute", "claim", "skip", "wait", "review", "blocked"]
 
 
 class ErrorDetail(BaseModel):
@@ -310,7 +336,7 @@ class OverrideOut(BaseModel):
 
 class VerdictOut(BaseModel):
     safe: bool
-    policy: Literal["keyed", "blunt", "manual"]
+    policy: RestartPolicyName
     blocking: list[BlockingOut]
     notes: list[NoteOut]
     override: OverrideOut | None
@@ -321,8 +347,8 @@ class RunOut(BaseModel):
     run_key: str
     title: str
     input: dict[str, Any]
-    status: Literal["running", "interrupted", "completed", "failed", "abandoned"]
-    restart_policy: Literal["keyed", "blunt", "manual"]
+    status: RunStatusName
+    restart_policy: RestartPolicyName
     heartbeat_timeout: int
     heartbeat_at: str
     current_attempt: int
@@ -334,7 +360,7 @@ class RunOut(BaseModel):
 
 class AttemptOut(BaseModel):
     number: int
-    status: Literal["running", "completed", "failed", "interrupted", "superseded"]
+    status: AttemptStatusName
     started_at: str
     ended_at: str | None
     started_by: str = Field(description="agent, auto, or operator:<username>")
@@ -370,22 +396,12 @@ class EffectOut(BaseModel):
     run_id: str
     tool: str
     key: str | None
-    key_source: Literal["provider", "content", "intent"] | None
+    key_source: KeySourceName | None
     needs_approval: bool
     approvals_required: int
     approvals: list[ApprovalOut]
     timeout: int | None
-    status: Literal[
-        "pending",
-        "awaiting_approval",
-        "approved",
-        "rejected",
-        "expired",
-        "in_flight",
-        "done",
-        "failed",
-        "unknown",
-    ]
+    status: EffectStatusName
     args: dict[str, Any]
     args_hash: str
     args_versions: int
@@ -405,7 +421,7 @@ class CallOut(BaseModel):
     attempt: int
     seq: int
     tool: str
-    kind: Literal["read", "effect"]
+    kind: CallKindName
     args_hash: str
     action: ActionName
     effect_id: str | None

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Exists, OuterRef, Subquery
 from django.utils import timezone
 
@@ -28,7 +29,6 @@ from runs.lifecycle import (
     default_approval_ttl,
     expire_if_past_deadline,
     insert_or_lock_winner,
-    journal_transaction,
     make_unknown,
     require_current_and_running,
     save_effect,
@@ -45,10 +45,9 @@ from runs.models import (
     Effect,
     EffectStatus,
     KeyTombstone,
-    RestartPolicy,
     Run,
 )
-from runs.verdict import mark_verdict_blocked
+from runs.verdict import keep_verdict_blocked
 
 # --- Calls --------------------------------------------------------------------
 
@@ -130,10 +129,8 @@ def record_call(
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
     digest = compute_args_hash(args)
-    with journal_transaction():
+    with transaction.atomic():
         run, attempt_id = _lock_run_for_call(agent, run_id, attempt)
-        if run.restart_policy == RestartPolicy.BLUNT:
-            mark_verdict_blocked(run)  # the blunt policy blocks any recorded call
         call = Call(
             run=run,
             attempt_id=attempt_id,
@@ -144,6 +141,7 @@ def record_call(
             args_hash=digest,
             at=now,
         )
+        keep_verdict_blocked(run, call)
         if kind == CallKind.READ:
             call.seq = _next_seq(attempt_id)
             call.action = Action.EXECUTE

@@ -7,7 +7,7 @@ status code or a short reason, never the runtime's reply: startsafe/outbound.py,
 which also refuses addresses that are not public) is kept as an audit event
 (``handoff_try``) and shown on the run page.
 
-The hand-off is an outbox row (``approvals.models.RestartHandoff``) written in the
+The hand-off is an outbox row (``runs.models.RestartHandoff``) written in the
 transaction that made the run ready. A worker claims it with a compare-and-set
 update and a lease; a try that dies half-way (SIGKILL, a lost broker message) is
 taken over by the sweep once the lease has passed, so the hand-off always arrives.
@@ -23,9 +23,15 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from approvals.models import ACTIVE_OUTBOX_STATUSES, OutboxStatus, RestartHandoff
 from runs.audit import SYSTEM, record_event
-from runs.models import STOPPED_RUN_STATUSES, Run
+from runs.models import (
+    ACTIVE_OUTBOX_STATUSES,
+    STOPPED_RUN_STATUSES,
+    OutboxStatus,
+    RestartHandoff,
+    Run,
+)
+from runs.signals import runs_need_person
 from runs.verdict import restart_verdict
 from startsafe import outbound
 from startsafe.logs import kv
@@ -204,14 +210,12 @@ def deliver_restart_handoff(run_id, attempt: int, now: datetime | None = None) -
             updated_at=done_at,
         )
         if status == OutboxStatus.GIVEN_UP:
-            from approvals.notifications import notify_needs_person
-
             why = (
                 "its restart_url names an address startsafe does not send to"
                 if answer.get("refused")
                 else f"restart hand-off given up after {try_number} tries"
             )
-            notify_needs_person(run, done_at, why)
+            runs_need_person.send(Run, runs=[(run, why)], now=done_at)
     logger.log(
         logging.INFO if delivered else logging.WARNING,
         kv(

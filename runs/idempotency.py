@@ -5,21 +5,24 @@ A middleware, so it sees every answer the API gives, validation errors included:
    ``Content-Length`` (``Transfer-Encoding: chunked``) is ``411 length_required``:
    Django reads only ``Content-Length`` bytes, so it would take such a body as empty.
    Neither reads the body.
-2. The token is checked before the body is read: a client without a valid token
-   cannot hold a worker by sending a body slowly (docs/scaling.md, "The proxy").
-3. The request runs in one transaction that first takes the key's advisory lock
-   (PostgreSQL, ``pg_try_advisory_xact_lock``): a concurrent duplicate cannot take
-   it and answers ``409 request_in_progress`` at once. The same statement resolves
-   the token and reads the key's kept answer (docs/performance.md: one round trip
-   where a committed claim row took two, and a commit); the body is read after it.
+2. The token (``agent_for_request``, the API's one token lookup) and the rate are
+   checked before the body is read: a client without a valid token cannot hold a
+   worker by sending a body slowly (docs/scaling.md, "The proxy").
+3. A keyed request runs in one transaction that first takes the key's advisory
+   lock (PostgreSQL, ``pg_try_advisory_xact_lock``): a concurrent duplicate cannot
+   take it and answers ``409 request_in_progress`` at once. The key's kept answer
+   is read after the lock, in a statement of its own: its snapshot sees whatever a
+   duplicate that held the lock before committed.
 4. A repeat with the same key and the same request gets the first answer again;
    another request with that key is ``422 idempotency_key_reused``.
 5. Answers below 500 are kept in the same transaction as the work: a connection
    cut between the two can never leave work done without its answer (which a
-   retry would do again). A 5xx rolls the work back and keeps nothing; so does a
-   request that died, and the lock goes with its transaction, so the key is free
-   at once. (Rows of the earlier design, claimed before the work, still count as
-   in progress until their 60-second lease lapses.)
+   retry would do again). A rule that fails has rolled its own writes back (its
+   ``transaction.atomic()`` is a savepoint in here), and its error is kept as the
+   answer. A 5xx rolls the work back and keeps nothing; so does a request that
+   died, and the lock goes with its transaction, so the key is free at once.
+   (Rows of the earlier design, claimed before the work, still count as in
+   progress until their 60-second lease lapses.)
 
 On SQLite (the embedded default) a write transaction takes the whole database
 (``BEGIN IMMEDIATE``), so a duplicate waits for the first and gets its answer.
@@ -32,28 +35,21 @@ import json
 from datetime import timedelta
 
 from django.core.exceptions import RequestDataTooBig
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.http import HttpResponse
 from django.utils import timezone
 
-from runs.api_auth import (
-    AGENT_COLUMNS,
-    agent_for_request,
-    agent_from_row,
-    bearer_token,
-    error_response,
-    remember_agent,
-)
+from runs.api_auth import agent_for_request, error_response
 from runs.canonical import NotCanonicalizable, canonical_json
-from runs.lifecycle import request_transaction
-from runs.models import Agent, IdempotentRequest, hash_token
-from runs.ratelimit import RateLimited, check_rate_limit, rate_limited_response
+from runs.models import Agent, IdempotentRequest
+from runs.ratelimit import rate_limit_refusal, rate_limited_response
 
 API_PREFIX = "/api/v1/"
 MAX_BODY = 1024 * 1024
 BODY_METHODS = ("POST", "PUT", "PATCH")
 CLAIM_LEASE = timedelta(seconds=60)
 RETENTION = timedelta(hours=24)
+PRUNE_BATCH = 5_000
 
 
 def request_fingerprint(method: str, path: str, body: bytes) -> str:
@@ -72,22 +68,6 @@ def _valid_key(key: str) -> bool:
     return 1 <= len(key) <= 255 and key.isprintable()
 
 
-_KEPT_COLUMNS = (
-    "id",
-    "request_hash",
-    "response_status",
-    "response_body",
-    "completed_at",
-    "locked_until",
-)
-_AGENT_AND_KEY_SQL = (
-    f"SELECT {', '.join(f'a.{c}' for c in AGENT_COLUMNS)}, pg_try_advisory_xact_lock(%s), "
-    f"{', '.join(f'k.{c}' for c in _KEPT_COLUMNS)} "
-    f"FROM {Agent._meta.db_table} a LEFT JOIN {IdempotentRequest._meta.db_table} k "
-    "ON k.agent_id = a.id AND k.key = %s WHERE a.token_hash = %s AND a.is_active"
-)
-
-
 def _lock_key(token_hash: str, key: str) -> int:
     """The advisory lock's number: 64 bits of SHA-256 over the token's hash and the key.
 
@@ -97,34 +77,16 @@ def _lock_key(token_hash: str, key: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def agent_and_key(request, key: str) -> tuple[Agent | None, bool, IdempotentRequest | None]:
-    """The request's agent, whether this transaction holds the key's lock, and the
-    key's row if there is one. Call it inside the request's transaction."""
+def lock_key(agent: Agent, key: str) -> bool:
+    """Take the key's lock for this transaction; False when a duplicate holds it.
+
+    Raw SQL: the ORM has no advisory locks. SQLite has none either, and needs none:
+    its write transaction holds the whole database (``BEGIN IMMEDIATE``)."""
     if connection.vendor != "postgresql":
-        agent = agent_for_request(request)
-        if agent is None:
-            return None, False, None
-        return agent, True, IdempotentRequest.objects.filter(agent=agent, key=key).first()
-    token = bearer_token(request)
-    if token is None or len(token) > 200 or not token.isprintable():
-        return agent_for_request(request), False, None  # None: the API answers 401
-    digest = hash_token(token)
+        return True
     with connection.cursor() as cursor:
-        cursor.execute(_AGENT_AND_KEY_SQL, [_lock_key(digest, key), key, digest])
-        row = cursor.fetchone()
-    if row is None:
-        remember_agent(request, None)
-        return None, False, None
-    agent = agent_from_row(row)
-    if not agent.token_matches(token):
-        remember_agent(request, None)
-        return None, False, None
-    remember_agent(request, agent)
-    n = len(AGENT_COLUMNS)
-    locked, kept = row[n], row[n + 1 :]
-    if kept[0] is None:
-        return agent, locked, None
-    return agent, locked, IdempotentRequest.from_db(connection.alias, _KEPT_COLUMNS, kept)
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [_lock_key(agent.token_hash, key)])
+        return cursor.fetchone()[0]
 
 
 class IdempotencyMiddleware:
@@ -137,86 +99,49 @@ class IdempotencyMiddleware:
         unreadable = _unreadable_body(request)
         if unreadable is not None:
             return unreadable
+        if request.method not in BODY_METHODS:
+            return self.get_response(request)  # the API's auth looks the token up
+        agent = agent_for_request(request)
+        if agent is None:
+            return self.get_response(request)  # the API answers 401, before any body
+        # Counted before the work: a refused request must not become the key's kept
+        # answer, or the client's retry would meet its 429 forever.
+        refusal = rate_limit_refusal(request, agent)
+        if refusal is not None:
+            return rate_limited_response(refusal)
+        # The token is good: only now is the body read.
+        if _body_over_limit(request):
+            return _too_large()
         key = request.headers.get("Idempotency-Key")
         if request.method != "POST" or key is None:
-            return self._unkeyed(request)
+            return self.get_response(request)
         if not _valid_key(key):
-            return self._invalid_key(request)
-        try:
-            with transaction.atomic():
-                agent, locked, row = agent_and_key(request, key)
-                refused = self._refused(request, agent)
-                if refused is not None:
-                    return refused
-                # The token is good: only now is the body read.
-                if _body_over_limit(request):
-                    return _too_large()
-                fingerprint = request_fingerprint(request.method, request.path, request.body)
-                answer = _answer_from_key(row, key, fingerprint, locked)
-                if answer is not None:
-                    return answer
-                with request_transaction():
-                    response = self.get_response(request)
-                if response.status_code >= 500 or getattr(response, "streaming", False):
-                    raise _NotKept(response)  # roll the work back: nothing is kept
-                if connection.needs_rollback:
-                    # A rule failed (its error is the answer); it ran without a
-                    # savepoint, so the request rolls back, and its answer is kept after.
-                    raise _RolledBack(response)
-                _keep_answer(agent, key, request, fingerprint, row, response)
-        except _NotKept as not_kept:
-            return not_kept.response
-        except _RolledBack as rolled_back:
-            try:
-                _keep_answer(agent, key, request, fingerprint, row, rolled_back.response)
-            except _KeyTaken:
-                return self._kept_answer(request, key, fingerprint)
-            return rolled_back.response
-        except _KeyTaken:
-            # A duplicate committed between this transaction's first read and its
-            # lock: this work was rolled back, and the first answer is the answer.
-            return self._kept_answer(request, key, fingerprint)
+            return error_response(
+                400,
+                "invalid_request",
+                "The Idempotency-Key header must be 1 to 255 printable characters.",
+                {"fields": {"Idempotency-Key": "1 to 255 printable characters"}},
+            )
+        fingerprint = request_fingerprint(request.method, request.path, request.body)
+        with transaction.atomic():
+            locked = lock_key(agent, key)
+            row = IdempotentRequest.objects.filter(agent=agent, key=key).first()
+            answer = _answer_from_key(row, key, fingerprint, locked)
+            if answer is not None:
+                return answer
+            response = self.get_response(request)
+            if (
+                response.status_code >= 500
+                or getattr(response, "streaming", False)
+                or transaction.get_rollback()
+            ):
+                # Nothing is kept and the work is rolled back: the retry runs it anew.
+                # (get_rollback: a failure inside an atomic block without a savepoint
+                # has doomed the transaction; none of the rules does that.)
+                transaction.set_rollback(True)
+                return response
+            _keep_answer(agent, key, request, fingerprint, row, response)
         return response
-
-    def _unkeyed(self, request) -> HttpResponse:
-        """A request without a key: the API answers it (401 first, before it parses the
-        body); a body is read here only for a token that the API will accept."""
-        # Not for a GET: the poll resolves its token in its own statement (api_poll.py).
-        # The agent is cached on the request: the API's auth asks no second query.
-        has_body = request.method in BODY_METHODS
-        if has_body and agent_for_request(request) is not None and _body_over_limit(request):
-            return _too_large()
-        return self.get_response(request)
-
-    @staticmethod
-    def _kept_answer(request, key: str, fingerprint: str) -> HttpResponse:
-        row = IdempotentRequest.objects.filter(agent=agent_for_request(request), key=key).first()
-        return _answer_from_key(row, key, fingerprint, locked=False)
-
-    def _refused(self, request, agent) -> HttpResponse | None:
-        """The API's 401 without an agent, or 429 over the rate; None to go on.
-
-        Counted before the work: a refused request must not become the key's kept
-        answer, or the client's retry would meet its 429 forever."""
-        if agent is None:
-            return self.get_response(request)  # the API answers 401
-        try:
-            check_rate_limit(request, agent)
-        except RateLimited as exc:
-            return rate_limited_response(exc)
-        return None
-
-    def _invalid_key(self, request) -> HttpResponse:
-        """400, after the checks every request meets first (the token, the rate)."""
-        refused = self._refused(request, agent_for_request(request))
-        if refused is not None:
-            return refused
-        return error_response(
-            400,
-            "invalid_request",
-            "The Idempotency-Key header must be 1 to 255 printable characters.",
-            {"fields": {"Idempotency-Key": "1 to 255 printable characters"}},
-        )
 
 
 def _answer_from_key(row, key: str, fingerprint: str, locked: bool) -> HttpResponse | None:
@@ -250,30 +175,18 @@ def _answer_from_key(row, key: str, fingerprint: str, locked: bool) -> HttpRespo
     return response
 
 
-_KEEP_SQL = (
-    f"UPDATE {IdempotentRequest._meta.db_table} "
-    "SET response_status = %s, response_body = %s, completed_at = %s "
-    "WHERE id = %s AND completed_at IS NULL"
-)
-
-
 def _keep_answer(agent, key, request, fingerprint, row, response: HttpResponse) -> None:
-    """Keep the answer with the work: a new row, or the answer on a lapsed claim's row."""
+    """Keep the answer with the work: a new row, or the answer on a lapsed claim's row
+    (the key's lock is held, so no one else writes either)."""
     now = timezone.now()
     if row is not None:
-        meta = IdempotentRequest._meta
-        params = [
-            response.status_code,
-            meta.get_field("response_body").get_db_prep_save(response.content, connection),
-            meta.get_field("completed_at").get_db_prep_save(now, connection),
-            row.pk,
-        ]
-        with connection.cursor() as cursor:
-            cursor.execute(_KEEP_SQL, params)
-            if cursor.rowcount == 0:
-                raise _KeyTaken  # a duplicate answered the lapsed claim first
+        IdempotentRequest.objects.filter(pk=row.pk).update(
+            response_status=response.status_code,
+            response_body=response.content,
+            completed_at=now,
+        )
         return
-    kept = IdempotentRequest(
+    IdempotentRequest.objects.create(
         agent=agent,
         key=key,
         method=request.method,
@@ -285,37 +198,6 @@ def _keep_answer(agent, key, request, fingerprint, row, response: HttpResponse) 
         completed_at=now,
         locked_until=now,
     )
-    try:
-        kept.save(force_insert=True)
-    except IntegrityError as exc:
-        if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) not in (
-            None,
-            _KEY_UNIQUE,
-        ):
-            raise  # not the key's constraint
-        raise _KeyTaken from None
-
-
-# The one constraint whose violation means a duplicate kept its answer first.
-_KEY_UNIQUE = next(
-    c.name
-    for c in IdempotentRequest._meta.constraints
-    if tuple(getattr(c, "fields", ())) == ("agent", "key")
-)
-
-
-class _NotKept(Exception):  # noqa: N818 - a signal, not an error
-    def __init__(self, response: HttpResponse) -> None:
-        self.response = response
-
-
-class _KeyTaken(Exception):  # noqa: N818 - a signal, not an error
-    pass
-
-
-class _RolledBack(Exception):  # noqa: N818 - a signal, not an error
-    def __init__(self, response: HttpResponse) -> None:
-        self.response = response
 
 
 def _unreadable_body(request) -> HttpResponse | None:
@@ -356,8 +238,19 @@ def _too_large() -> HttpResponse:
     )
 
 
-def prune_idempotent_requests(now=None) -> int:
-    """Forget answers older than the retention (24 hours); returns how many."""
-    now = now or timezone.now()
-    deleted, _ = IdempotentRequest.objects.filter(created_at__lt=now - RETENTION).delete()
-    return deleted
+def prune_idempotent_requests(now=None, batch: int | None = None) -> int:
+    """Forget answers older than the retention (24 hours); returns how many.
+
+    In batches of ``batch`` rows, each its own short transaction: a day of keys can
+    be millions of rows, and one ``DELETE`` of them all would hold its locks and
+    its WAL for as long as it takes. A batch is the oldest rows by ``created_at``
+    (its index), deleted by primary key; ``batch`` is ``PRUNE_BATCH`` unless given."""
+    cutoff = (now or timezone.now()) - RETENTION
+    batch = batch or PRUNE_BATCH
+    old = IdempotentRequest.objects.filter(created_at__lt=cutoff).order_by("created_at")
+    total = 0
+    while True:
+        ids = list(old.values_list("pk", flat=True)[:batch])
+        if not ids:
+            return total
+        total += IdempotentRequest.objects.filter(pk__in=ids).delete()[0]

@@ -15,19 +15,16 @@ sweep (``runs/sweep.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Model, QuerySet
+from django.db.models import F, Model, QuerySet
 from django.utils import timezone
 
-from runs.audit import SYSTEM, Actor, record_event
+from runs.audit import SYSTEM, Actor, new_event, record_event, save_events
 from runs.errors import (
     AlreadyRunning,
     AttemptSuperseded,
@@ -45,11 +42,10 @@ from runs.models import (
     Effect,
     EffectStatus,
     EffectVersion,
-    RestartPolicy,
     Run,
     RunStatus,
 )
-from runs.verdict import Verdict, mark_verdict_blocked, restart_verdict
+from runs.verdict import Verdict, keep_verdict_blocked, restart_verdict
 
 # --- Results ----------------------------------------------------------------
 
@@ -71,35 +67,6 @@ def seconds(n: int) -> timedelta:
 
 def default_approval_ttl() -> int:
     return settings.STARTSAFE["APPROVAL_TTL"]
-
-
-# Set while the idempotency middleware runs an API request in its transaction.
-_IN_REQUEST_TRANSACTION: ContextVar[bool] = ContextVar("in_request_transaction", default=False)
-
-
-@contextmanager
-def request_transaction() -> Iterator[None]:
-    """Mark the API request's own transaction (``runs/idempotency.py``) around the view.
-
-    Its rules then run without a savepoint (``journal_transaction``): when one of
-    them fails, the middleware rolls the whole request back instead, which is the
-    same outcome, since a rule is all the work an API request does.
-    """
-    marker = _IN_REQUEST_TRANSACTION.set(True)
-    try:
-        yield
-    finally:
-        _IN_REQUEST_TRANSACTION.reset(marker)
-
-
-def journal_transaction():
-    """The transaction of one rule of the journal, for the rules the API calls.
-
-    Inside the API request's transaction, a savepoint would cost every write two
-    round trips (``SAVEPOINT``, ``RELEASE``) for nothing; everywhere else (the
-    console, the sweep, tests) a rule nests as ``transaction.atomic()`` does.
-    """
-    return transaction.atomic(savepoint=not _IN_REQUEST_TRANSACTION.get())
 
 
 def lock_run(agent: Agent, run_id: Any) -> Run:
@@ -259,11 +226,7 @@ def set_claim(effect: Effect, run: Run, attempt: int, now: datetime) -> None:
     effect.claimed_at = now
     if effect.first_claimed_at is None:
         effect.first_claimed_at = now
-        if effect.key is None and run.restart_policy == RestartPolicy.KEYED:
-            # A keyed run that starts an unkeyed effect cannot be restarted safely.
-            # Only the run that recorded an unkeyed effect can claim it (a new one
-            # per call), so the claiming run is the effect's own.
-            mark_verdict_blocked(run)
+        keep_verdict_blocked(run, effect)
     effect.timeout_at = now + seconds(effect.timeout) if effect.timeout else None
     # A retry starts clean; the earlier failure stays in the audit log.
     effect.error = None
@@ -322,45 +285,73 @@ def action_for(effect: Effect, now: datetime) -> str:
 # --- Attempts ----------------------------------------------------------------
 
 
-def stop_attempt(
-    run: Run,
-    attempt: Attempt,
-    status: str,
+def stop_runs(
+    runs: list[Run],
+    attempt_status: str,
+    run_status: str,
     actor: Actor,
     now: datetime,
     *,
     error: str | None = None,
+    note: str | dict = "",
 ) -> None:
-    """End ``attempt``; the effects it holds in flight become ``unknown``.
+    """Stop running runs: each one's current attempt ends ``attempt_status``, the
+    effects it holds in flight become ``unknown``, the run becomes ``run_status``.
 
-    The caller holds the run's lock; the effects are locked here (run, then effect).
+    The one way a run stops, whoever stops it: the agent's finish (``finish_run``),
+    a superseding start (``start_run``) and the sweep (one stale run, or a batch of
+    hundreds). Set-based, so a batch costs the statements of one run: an UPDATE of
+    the attempts, a locking read of the effects in flight (and their UPDATE, when
+    there are any), an UPDATE of the runs and one INSERT of the audit events, in
+    this order per run: the attempt's, each effect's, the run's.
+
+    The caller holds the runs' locks and has checked that they are running (so their
+    current attempts are: an attempt is only ever started with its run, and ended
+    here); the effects are locked here (run, then effect). ``error`` is the agent's,
+    kept on the attempt; ``note`` says why the run stopped, for all of them or by
+    run id.
     """
-    old = attempt.status
-    attempt.status = status
-    attempt.ended_at = now
+    ids = [run.pk for run in runs]
+    current = {run.pk: run.current_attempt for run in runs}
+    ended = {"status": attempt_status, "ended_at": now}
     if error is not None:
-        attempt.error = error
-    attempt.save(update_fields=["status", "ended_at", "error"])
-    record_event(
-        actor,
-        f"attempt_{status}",
-        at=now,
-        run=run,
-        attempt_number=attempt.number,
-        old_status=old,
-        new_status=status,
-        note=error or "",
+        ended["error"] = error
+    Attempt.objects.filter(run_id__in=ids, number=F("run__current_attempt")).update(**ended)
+    held: dict = {}
+    in_flight = Effect.objects.select_for_update().filter(
+        status=EffectStatus.IN_FLIGHT, claimed_run_id__in=ids
     )
-    held = Effect.objects.select_for_update().filter(
-        status=EffectStatus.IN_FLIGHT, claimed_run=run, claimed_attempt=attempt.number
-    )
-    for effect in held.order_by("created_at"):
-        make_unknown(
-            effect,
-            actor,
-            now,
-            why=f"Attempt {attempt.number} ended {status} while it was in flight.",
+    for effect in in_flight.order_by("created_at"):
+        if effect.claimed_attempt == current[effect.claimed_run_id]:
+            held.setdefault(effect.claimed_run_id, []).append(effect)
+    if held:
+        Effect.objects.filter(pk__in=[e.pk for found in held.values() for e in found]).update(
+            status=EffectStatus.UNKNOWN,
+            timeout_at=None,
+            revision=F("revision") + 1,
+            updated_at=now,
         )
+    # Not ready to restart until the verdict or an operator says so.
+    Run.objects.filter(pk__in=ids).update(status=run_status, restart_ready=False, updated_at=now)
+
+    events = []
+
+    def event(verb: str, old: str, new: str, why: str, attempt: int, **about) -> None:
+        fields = {"attempt_number": attempt, "old_status": old, "new_status": new, "note": why}
+        events.append(new_event(actor, verb, at=now, **fields, **about))
+
+    for run in runs:
+        attempt = run.current_attempt
+        verb = f"attempt_{attempt_status}"
+        event(verb, AttemptStatus.RUNNING, attempt_status, error or "", attempt, run=run)
+        for effect in held.get(run.pk, []):
+            why = f"Attempt {attempt} ended {attempt_status} while it was in flight."
+            unknown = (EffectStatus.IN_FLIGHT, EffectStatus.UNKNOWN)
+            event("outcome_unknown", *unknown, why, attempt, effect=effect)
+        why = note.get(run.pk, "") if isinstance(note, dict) else note
+        event(f"run_{run_status}", run.status, run_status, why, attempt, run=run)
+        run.status, run.restart_ready, run.updated_at = run_status, False, now
+    save_events(events)
 
 
 def set_run_status(run: Run, status: str, actor: Actor, now: datetime, *, note: str = "") -> None:
@@ -453,7 +444,7 @@ def start_run(
     """
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
-    with journal_transaction():
+    with transaction.atomic():
         same_run = Run.objects.filter(agent=agent, run_key=run_key)
         run = same_run.select_for_update().first()
         if run is None:
@@ -463,8 +454,6 @@ def start_run(
                 title=title or "",
                 input=input or {},
                 restart_policy=restart_policy,
-                # A manual run's verdict always blocks (runs/verdict.py).
-                verdict_blocked=restart_policy == RestartPolicy.MANUAL,
                 heartbeat_timeout=heartbeat_timeout,
                 restart_url=restart_url or None,
                 heartbeat_at=now,
@@ -473,6 +462,7 @@ def start_run(
                 created_at=now,
                 updated_at=now,
             )
+            keep_verdict_blocked(new)  # a manual run is blocked from the start
             run, created = insert_or_lock_winner(new, same_run)
             if created:
                 attempt = _new_attempt(
@@ -515,9 +505,14 @@ def _restart_locked(
                 "send supersede with its number to replace it.",
                 {"attempt": run.current_attempt, "heartbeat_at": run.heartbeat_at.isoformat()},
             )
-        current = Attempt.objects.get(run=run, number=run.current_attempt)
-        stop_attempt(run, current, AttemptStatus.SUPERSEDED, actor, now)
-        set_run_status(run, RunStatus.INTERRUPTED, actor, now, note="superseded by a new start")
+        stop_runs(
+            [run],
+            AttemptStatus.SUPERSEDED,
+            RunStatus.INTERRUPTED,
+            actor,
+            now,
+            note="superseded by a new start",
+        )
         superseded = True
 
     verdict = restart_verdict(run)
@@ -585,12 +580,10 @@ def finish_run(
         )
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
-    with journal_transaction():
+    with transaction.atomic():
         run = lock_run(agent, run_id)
-        current = require_running_attempt(run, attempt)
-        stop_attempt(run, current, outcome, actor, now, error=error)
-        run.restart_ready = False
-        set_run_status(run, outcome, actor, now, note=error or "")
+        require_current_and_running(run, attempt)
+        stop_runs([run], outcome, outcome, actor, now, error=error, note=error or "")
     return run
 
 

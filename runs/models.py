@@ -1,4 +1,5 @@
-"""The journal: agents, runs, attempts, calls, effects, argument versions, audit events.
+"""The journal: agents, runs, attempts, calls, effects, argument versions, audit events;
+and the rows of its background work (restart hand-offs, the periodic tasks' state).
 
 Statuses change only through the functions in ``runs/lifecycle.py`` (and its
 ``calls.py`` and ``outcomes.py``) and
@@ -15,7 +16,7 @@ import uuid
 
 import uuid6
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -127,8 +128,8 @@ class Run(models.Model):
     )
     override_at = models.DateTimeField(null=True, blank=True)
     override_note = models.TextField(blank=True, default="")
-    # Whether the run's history has a blocking reason (runs/verdict.py): kept by the
-    # rules as it becomes true (``mark_verdict_blocked``), never false again, so the
+    # Whether the run's history has a blocking reason (runs/verdict.py): set as it
+    # becomes true (``runs.verdict.keep_verdict_blocked``), never false again, so the
     # console's "verdict" filter and its count read an index instead of testing
     # every run's effects and calls (docs/performance.md). The verdict itself is
     # still computed from the journal.
@@ -380,6 +381,7 @@ class Effect(models.Model):
 
     @property
     def claimed_by(self) -> dict | None:
+        # Reads two columns only: the poll's EffectRow gives them too (runs/serialize.py).
         if self.claimed_run_id is None:
             return None
         return {"run_id": str(self.claimed_run_id), "attempt": self.claimed_attempt}
@@ -565,3 +567,102 @@ class KeyTombstone(models.Model):
 
     def __str__(self) -> str:
         return f"{self.agent_id} {self.key} ({self.status})"
+
+
+# --- The background work's own rows ----------------------------------------------
+#
+# Outboxes written in the same transaction as the event they tell about, then sent
+# by a periodic task that claims them with a compare-and-set update. A broker that
+# loses a message (the filesystem transport after a crash, a worker killed with
+# SIGKILL) loses nothing: the row is still due and the next sweep sends it.
+
+
+class OutboxStatus(models.TextChoices):
+    PENDING = "pending"
+    # Claimed by one worker until ``due_at``; past it a crashed try is taken over.
+    SENDING = "sending"
+    SENT = "sent"
+    # Nothing to send any more (the run started again, the effect was decided).
+    OBSOLETE = "obsolete"
+    # Every try failed up to the cap; kept with its last answer for operators.
+    GIVEN_UP = "given_up"
+
+
+ACTIVE_OUTBOX_STATUSES = (OutboxStatus.PENDING, OutboxStatus.SENDING)
+
+
+class RestartHandoff(models.Model):
+    """The hand-off of attempt ``attempt`` of a run to its runtime's ``restart_url``.
+
+    One row per (run, attempt): delivering it twice is the same POST with the same
+    ``Idempotency-Key``. Every try and its answer is also an audit event
+    (``handoff_try``), which the run page shows.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="handoffs")
+    attempt = models.PositiveIntegerField()
+    status = models.CharField(
+        max_length=10, choices=OutboxStatus.choices, default=OutboxStatus.PENDING
+    )
+    # Pending: when the next try may start (back-off). Sending: the claim's lease.
+    due_at = models.DateTimeField()
+    tries = models.PositiveIntegerField(default=0)
+    failures = models.PositiveIntegerField(default=0)
+    last_answer = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        # Created by the approvals app, moved here with its rows (migration runs 0010).
+        db_table = "approvals_restarthandoff"
+        constraints = [
+            models.UniqueConstraint(fields=["run", "attempt"], name="handoff_unique_per_attempt"),
+        ]
+        indexes = [
+            # The sweep's dispatch: active hand-offs whose time has come.
+            models.Index(
+                fields=["due_at"],
+                name="handoff_due_idx",
+                condition=models.Q(status__in=["pending", "sending"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"hand-off {self.run_id} #{self.attempt} {self.status}"
+
+
+class TaskState(models.Model):
+    """The last run of a periodic task, shared by every process (``/metrics``, ``/healthz``)."""
+
+    name = models.CharField(max_length=50, primary_key=True)
+    last_started_at = models.DateTimeField(null=True, blank=True)
+    last_duration = models.FloatField(default=0.0)
+    last_error = models.TextField(blank=True, default="")
+    runs_total = models.PositiveBigIntegerField(default=0)
+    errors_total = models.PositiveBigIntegerField(default=0)
+    # Counters a task keeps for the metrics (e.g. webhook failures).
+    counters = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        # The table the approvals app created before the model moved here (migration
+        # runs 0010): moving a model's code does not move its rows.
+        db_table = "approvals_taskstate"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def record_task_run(name: str, started_at, duration: float, *, error: str = "", **counts) -> None:
+    """Add one run of a periodic task to its shared state (a single-row upsert)."""
+    with transaction.atomic():
+        state, _ = TaskState.objects.select_for_update().get_or_create(name=name)
+        state.last_started_at = started_at
+        state.last_duration = duration
+        state.runs_total += 1
+        if error:
+            state.errors_total += 1
+            state.last_error = error[:2000]
+        for key, value in counts.items():
+            if value:
+                state.counters[key] = state.counters.get(key, 0) + value
+        state.save()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
 from runs.audit import Actor, record_event
@@ -23,7 +24,6 @@ from runs.lifecycle import (
     claim_for,
     clear_claim,
     expire_if_past_deadline,
-    journal_transaction,
     lock_effect,
     lock_run,
     lock_run_and_effect,
@@ -58,7 +58,7 @@ def claim_effect(
     """Claim a released effect for a running attempt that recorded a call to it."""
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
-    with journal_transaction():
+    with transaction.atomic():
         run = lock_run(agent, run_id)
         require_current_and_running(run, attempt)  # the run's lock says it: no query
         effect = lock_effect(agent, effect_id)
@@ -91,7 +91,7 @@ def complete_effect(
         raise InvalidRequest("outcome must be done or failed.", {"fields": {"outcome": outcome}})
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
-    with journal_transaction():
+    with transaction.atomic():
         run, effect = lock_run_and_effect(agent, run_id, effect_id)
         holder = effect.claimed_run_id == run.pk and effect.claimed_attempt == attempt
         report = {"outcome": outcome, "result": result, "error": error, "attempt": attempt}
@@ -177,7 +177,7 @@ def reconcile_effect(
         raise InvalidRequest("evidence is required.", {"fields": {"evidence": "required"}})
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
-    with journal_transaction():
+    with transaction.atomic():
         run = lock_run(agent, run_id)
         require_current_and_running(run, attempt)  # the run's lock says it: no query
         effect = lock_effect(agent, effect_id)

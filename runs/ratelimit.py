@@ -14,8 +14,8 @@ Every API request counts, the poll too, so counting is one round trip to Redis:
 ``cache.incr`` would be three (its Redis ``incr`` asks ``EXISTS`` first). In
 local memory the counter is incremented first, and created only when that fails.
 
-The counter is taken once per request (cached on it), before the idempotency
-middleware claims an ``Idempotency-Key``, so a refused request never stores its
+The counter is taken once per request (kept on it), before the idempotency
+middleware takes an ``Idempotency-Key``, so a refused request never stores its
 429 as the key's answer: the client's retry with the same key goes through.
 """
 
@@ -38,6 +38,9 @@ _UNSET = object()
 
 
 class RateLimited(Exception):
+    """Over the rate. An exception because the API's auth class raises it, the way
+    django-ninja lets an auth class answer: its handler (runs/api.py) gives the 429."""
+
     def __init__(self, retry_after: int, limit: int, period: int):
         super().__init__(f"over {limit} requests per {period} s")
         self.retry_after = retry_after
@@ -82,8 +85,12 @@ def _incr_window(cache, key: str, timeout: int) -> int:
         return 1
 
 
-def check_rate_limit(request: HttpRequest, agent: Agent) -> None:
-    """Raise ``RateLimited`` when ``agent`` is over its rate (counted once per request)."""
+def rate_limit_refusal(request: HttpRequest, agent: Agent) -> RateLimited | None:
+    """The refusal when ``agent`` is over its rate, else None.
+
+    Counted once per request: the idempotency middleware asks before the work and
+    the API's auth class asks again; the second answer is the first one, kept on
+    the request."""
     seen = getattr(request, "_startsafe_rate", _UNSET)
     if seen is _UNSET:
         rate = parse_rate(settings.STARTSAFE.get("RATE_LIMIT"))
@@ -93,8 +100,7 @@ def check_rate_limit(request: HttpRequest, agent: Agent) -> None:
             if retry_after is not None:
                 seen = RateLimited(retry_after, *rate)
         request._startsafe_rate = seen
-    if seen is not None:
-        raise seen
+    return seen
 
 
 def rate_limited_response(exc: RateLimited) -> JsonResponse:

@@ -1,90 +1,109 @@
 """The contract's objects (api.md "Objects") as plain dicts, built without extra queries.
 
-Shared by the API and anything else that shows the journal as JSON.
+Each object is defined once, by its schema in ``runs/api_schemas.py`` (names, order,
+types, what the OpenAPI document shows). A ``Shape`` reads that schema's fields and
+takes each from the model attribute of the same name, converted as the model field's
+type says (times as ISO 8601, UUIDs as strings); only a field whose value comes from
+elsewhere names its source below. So a field added to a schema is in every answer,
+the poll's one query included (``Shape.columns``, runs/api_poll.py).
+
+The answers are built as dicts, not by pydantic's round trip through the schema:
+the hot writes render them directly (runs/api.py ``_hot_answer``), and
+tests/test_api_answers.py holds them to their schemas.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
+from operator import attrgetter
+from typing import Any
 
+from django.db import models
+from pydantic import BaseModel
+
+from runs.api_schemas import AttemptOut, CallOut, EffectOut, RunOut
 from runs.models import Attempt, Call, Effect, Run
+
+
+@dataclass(frozen=True)
+class Computed:
+    """A field computed from the model's columns (``reads``: their attribute names)."""
+
+    get: Callable[[Any], Any]
+    reads: tuple[str, ...]
 
 
 def _time(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def run_dict(run: Run) -> dict:
-    return {
-        "id": str(run.pk),
-        "run_key": run.run_key,
-        "title": run.title,
-        "input": run.input,
-        "status": run.status,
-        "restart_policy": run.restart_policy,
-        "heartbeat_timeout": run.heartbeat_timeout,
-        "heartbeat_at": _time(run.heartbeat_at),
-        "current_attempt": run.current_attempt,
-        "restart_ready": run.restart_ready,
-        "restart_url": run.restart_url,
-        "created_at": _time(run.created_at),
-        "updated_at": _time(run.updated_at),
-    }
+def _text(value) -> str | None:
+    return str(value) if value is not None else None
 
 
-def attempt_dict(attempt: Attempt) -> dict:
-    return {
-        "number": attempt.number,
-        "status": attempt.status,
-        "started_at": _time(attempt.started_at),
-        "ended_at": _time(attempt.ended_at),
-        "started_by": attempt.started_by,
-        "reason": attempt.reason,
-        "agent_version": attempt.agent_version,
-        "verdict_at_start": attempt.verdict_at_start,
-        "error": attempt.error,
-    }
+def _converter(field: models.Field) -> Callable[[Any], Any] | None:
+    """How the model field's value is written in JSON, if not as it is."""
+    kind = field.target_field if field.is_relation else field
+    if isinstance(kind, models.DateTimeField):
+        return _time
+    if isinstance(kind, models.UUIDField):
+        return _text
+    return None
 
 
-def effect_dict(effect: Effect) -> dict:
-    return {
-        "id": str(effect.pk),
-        "run_id": str(effect.run_id),
-        "tool": effect.tool,
-        "key": effect.key,
-        "key_source": effect.key_source,
-        "needs_approval": effect.needs_approval,
-        "approvals_required": effect.approvals_required,
-        "approvals": effect.current_approvals,
-        "timeout": effect.timeout,
-        "status": effect.status,
-        "args": effect.args,
-        "args_hash": effect.args_hash,
-        "args_versions": effect.args_versions,
-        "preview": effect.preview or None,
-        "result": effect.result,
-        "error": effect.error,
-        "claimed_by": effect.claimed_by,
-        "approval_expires_at": _time(effect.approval_expires_at),
-        "decision": effect.decision,
-        "revision": effect.revision,
-        "created_at": _time(effect.created_at),
-        "updated_at": _time(effect.updated_at),
-    }
+class Shape:
+    """One API object: its schema's fields, in order, each read from a model row.
+
+    ``sources`` names, for a field that is not the model's attribute of the same
+    name, either the attribute it is (``"current_approvals"``) or a ``Computed``.
+    The row may be a model instance or anything with the same attributes (the
+    poll's ``EffectRow``).
+    """
+
+    def __init__(self, schema: type[BaseModel], model: type[models.Model], **sources) -> None:
+        getters: list[tuple[str, Callable[[Any], Any]]] = []
+        reads: list[str] = []
+        for name in schema.model_fields:
+            source = sources.pop(name, name)
+            if isinstance(source, Computed):
+                getters.append((name, source.get))
+                reads.extend(source.reads)
+                continue
+            field = model._meta.get_field(source)
+            attname = field.attname
+            convert = _converter(field)
+            getters.append((name, _getter(attname, convert)))
+            reads.append(attname)
+        if sources:
+            raise TypeError(f"{schema.__name__} has no field {sorted(sources)}")
+        self.getters = tuple(getters)
+        # The model's columns the object is made of, each once, in the schema's order.
+        self.columns = tuple(dict.fromkeys(reads))
+
+    def __call__(self, row) -> dict:
+        return {name: get(row) for name, get in self.getters}
 
 
-def call_dict(call: Call) -> dict:
-    return {
-        "id": str(call.pk),
-        "attempt": call.attempt_number,
-        "seq": call.seq,
-        "tool": call.tool,
-        "kind": call.kind,
-        "args_hash": call.args_hash,
-        "action": call.action,
-        "effect_id": str(call.effect_id) if call.effect_id else None,
-        "at": _time(call.at),
-    }
+def _getter(attname: str, convert: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    if convert is None:
+        return attrgetter(attname)  # C: most fields are read as they are
+    return lambda row: convert(getattr(row, attname))
+
+
+run_dict = Shape(RunOut, Run)
+attempt_dict = Shape(AttemptOut, Attempt)
+call_dict = Shape(CallOut, Call, attempt="attempt_number")
+effect_dict = Shape(
+    EffectOut,
+    Effect,
+    approvals="current_approvals",
+    # Stored as "" when the agent sent none; the contract says null.
+    preview=Computed(lambda effect: effect.preview or None, reads=("preview",)),
+    # The model's property, applied to whatever row is given (the poll's too).
+    claimed_by=Computed(Effect.claimed_by.fget, reads=("claimed_run_id", "claimed_attempt")),
+)
 
 
 def journal_of(run: Run) -> tuple[list[dict], list[dict]]:

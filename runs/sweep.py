@@ -7,8 +7,8 @@ their cost grows with the stale rows, not with all rows (partial indexes
 ``effect_awaiting_deadline_idx``). Stale runs are interrupted in batches of
 ``BATCH`` (``interrupt_stale_runs``: a fixed number of statements per batch, about
 1.5 ms per run at 100,000 running runs, docs/performance.md); a batch that fails
-is redone one run at a time (``interrupt_stale_run``), where a broken row is
-isolated and pushed back.
+is redone one run at a time by the same code (``interrupt_stale_run``), where a
+broken row is isolated and pushed back.
 """
 
 from __future__ import annotations
@@ -23,22 +23,20 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from approvals.models import record_task_run
-from approvals.notifications import notify_needs_person, notify_needs_person_many
-from runs.audit import SYSTEM, new_event, record_event, save_events
+from runs.audit import SYSTEM, new_event, save_events
 from runs.handoff import dispatch_due_handoffs, schedule_restart_handoff
-from runs.lifecycle import expire_if_past_deadline, make_unknown, set_run_status, stop_attempt
+from runs.lifecycle import expire_if_past_deadline, make_unknown, stop_runs
 from runs.models import (
-    Attempt,
     AttemptStatus,
-    AuditEvent,
     Effect,
     EffectStatus,
     RestartPolicy,
     Run,
     RunStatus,
+    record_task_run,
 )
-from runs.verdict import restart_verdict, restart_verdicts
+from runs.signals import runs_need_person
+from runs.verdict import restart_verdicts
 from startsafe.logs import kv
 
 logger = logging.getLogger("startsafe.sweep")
@@ -85,72 +83,87 @@ class SweepReport:
         }
 
 
-def interrupt_stale_run(run_id, now: datetime, report: SweepReport) -> bool:
-    """Interrupt one stale run and decide its restart, in one transaction.
+def interrupt_stale_runs(run_ids: list, now: datetime, report: SweepReport) -> None:
+    """Interrupt a batch of stale runs and decide their restarts (``_interrupt``): one
+    transaction and a fixed number of statements for the batch (docs/performance.md)."""
+    _interrupt(run_ids, now, report)
 
-    1. Lock the run and re-check that it is still running and stale.
-    2. Its attempt ends ``interrupted``; its in-flight effects become ``unknown``.
-    3. The verdict: a safe run under an automatic policy, below the cap of
-       automatic restarts, becomes ``restart_ready`` and is handed to its runtime;
-       otherwise it waits in the operators' queue.
+
+def interrupt_stale_run(run_id, now: datetime, report: SweepReport) -> bool:
+    """``interrupt_stale_runs`` for one run: the sweep's fallback when a batch
+    raised, where a broken row fails alone and is pushed back. True if it was
+    interrupted."""
+    return _interrupt([run_id], now, report) > 0
+
+
+def _interrupt(run_ids: list, now: datetime, report: SweepReport) -> int:
+    """The sweep's one way to interrupt stale runs; how many it interrupted.
+
+    1. Lock the runs still running and stale; ``SKIP LOCKED`` leaves a run an agent
+       is heartbeating right now to the next sweep instead of waiting on it.
+    2. Stop them as every run stops (``lifecycle.stop_runs``): their attempts end
+       ``interrupted``, the effects those hold in flight become ``unknown``.
+    3. Their verdicts (``restart_verdicts``, three queries for all): a safe run
+       under an automatic policy, below the cap of automatic restarts, becomes
+       ``restart_ready`` and is handed to its runtime; the others wait in the
+       operators' queue (``_why_needs_person``), and operators are told.
+    If anything raises, the transaction rolls back as a whole.
     """
     with transaction.atomic():
-        run = Run.objects.select_for_update().filter(pk=run_id).first()
-        if run is None or run.status != RunStatus.RUNNING or run.stale_at >= now:
-            return False
-        current = Attempt.objects.get(run=run, number=run.current_attempt)
-        stop_attempt(run, current, AttemptStatus.INTERRUPTED, SYSTEM, now)
-        set_run_status(
-            run,
+        runs = list(
+            Run.objects.select_for_update(skip_locked=True)
+            .filter(pk__in=run_ids, status=RunStatus.RUNNING, stale_at__lt=now)
+            .order_by("stale_at")
+        )
+        if not runs:
+            return 0
+        stop_runs(
+            runs,
+            AttemptStatus.INTERRUPTED,
             RunStatus.INTERRUPTED,
             SYSTEM,
             now,
-            note=f"No heartbeat since {run.heartbeat_at.isoformat()}.",
+            note={run.pk: f"No heartbeat since {run.heartbeat_at.isoformat()}." for run in runs},
         )
-        report.interrupted.append(str(run.pk))
-        verdict = restart_verdict(run)
-        cap = settings.STARTSAFE["AUTO_RESTART_CAP"]
-        automatic = run.restart_policy != RestartPolicy.MANUAL
-        if verdict.safe and automatic and run.auto_restarts < cap:
-            run.restart_ready = True
-            run.auto_restarts += 1
-            run.save(update_fields=["restart_ready", "auto_restarts"])
-            record_event(
-                SYSTEM,
-                "restart_ready",
-                at=now,
-                run=run,
-                attempt_number=run.current_attempt,
-                old_status=run.status,
-                new_status=run.status,
-                note="The verdict is safe: handed back to its runtime.",
-                data={"verdict": verdict.as_dict(), "auto_restarts": run.auto_restarts},
+
+        verdicts = restart_verdicts(runs)
+        events, ready, waiting = [], [], []
+        for run in runs:
+            verdict = verdicts[run.pk]
+            why = _why_needs_person(run, verdict.safe)
+            if why is None:
+                run.restart_ready = True
+                run.auto_restarts += 1
+                ready.append(run)
+                verb, note = "restart_ready", "The verdict is safe: handed back to its runtime."
+                data = {"verdict": verdict.as_dict(), "auto_restarts": run.auto_restarts}
+            else:
+                waiting.append((run, why))
+                verb, note, data = "needs_person", why, {"verdict": verdict.as_dict()}
+            # A decision about the run, not a change of its status.
+            fields = {
+                "note": note,
+                "data": data,
+                "old_status": run.status,
+                "new_status": run.status,
+            }
+            attempt = run.current_attempt
+            events.append(
+                new_event(SYSTEM, verb, at=now, run=run, attempt_number=attempt, **fields)
             )
-            schedule_restart_handoff(run, now)
-            report.restart_ready.append(str(run.pk))
-        else:
-            why = (
-                "automatic restarts capped"
-                if verdict.safe and automatic
-                else "verdict not safe"
-                if automatic
-                else "manual policy"
+        if ready:
+            Run.objects.filter(pk__in=[run.pk for run in ready]).update(
+                restart_ready=True, auto_restarts=F("auto_restarts") + 1
             )
-            record_event(
-                SYSTEM,
-                "needs_person",
-                at=now,
-                run=run,
-                attempt_number=run.current_attempt,
-                old_status=run.status,
-                new_status=run.status,
-                note=why,
-                data={"verdict": verdict.as_dict()},
-            )
-            # In the same transaction: operators hear of it exactly when it is true.
-            notify_needs_person(run, now, why)
-            report.needs_person.append(str(run.pk))
-    return True
+        for run in ready:
+            schedule_restart_handoff(run, now)  # only runs with a restart_url: real work
+        # In the same transaction: operators hear of it exactly when it is true.
+        runs_need_person.send(Run, runs=waiting, now=now)
+        save_events(events)
+    report.interrupted.extend(str(run.pk) for run in runs)
+    report.restart_ready.extend(str(run.pk) for run in ready)
+    report.needs_person.extend(str(run.pk) for run, _ in waiting)
+    return len(runs)
 
 
 def _why_needs_person(run: Run, safe: bool) -> str | None:
@@ -161,134 +174,6 @@ def _why_needs_person(run: Run, safe: bool) -> str | None:
     if safe and automatic:
         return "automatic restarts capped"
     return "verdict not safe" if automatic else "manual policy"
-
-
-def interrupt_stale_runs(run_ids: list, now: datetime, report: SweepReport) -> None:
-    """``interrupt_stale_run`` for a batch of runs, set-based, in one transaction.
-
-    The same changes and the same audit trail, in a fixed number of statements
-    per batch instead of a dozen per run (docs/performance.md, the sweep):
-    1. Lock the runs still running and stale; ``SKIP LOCKED`` leaves a run an
-       agent is heartbeating right now to the next sweep instead of waiting on it.
-    2. One UPDATE each: their current attempts end ``interrupted``, the effects
-       those attempts hold in flight become ``unknown``, the runs ``interrupted``.
-    3. The verdicts of all of them (three queries, ``restart_verdicts``); safe
-       automatic runs below the cap are handed back, the others are queued for a
-       person (one INSERT of notifications).
-    4. The audit events in one INSERT, in the order the per-run path writes them;
-       ``post_save`` is sent for each, as ``create()`` would, so they are logged.
-    If anything raises, the transaction rolls back and the sweep falls back to one
-    run at a time, where a broken row is isolated and pushed back.
-    """
-    events: list[AuditEvent] = []
-
-    def event(verb: str, run: Run | None, **fields) -> None:
-        events.append(new_event(SYSTEM, verb, at=now, run=run, **fields))
-
-    with transaction.atomic():
-        runs = list(
-            Run.objects.select_for_update(skip_locked=True)
-            .filter(pk__in=run_ids, status=RunStatus.RUNNING, stale_at__lt=now)
-            .order_by("stale_at")
-        )
-        if not runs:
-            return
-        ids = [run.pk for run in runs]
-        current = {run.pk: run.current_attempt for run in runs}
-        attempts = {
-            attempt.run_id: attempt
-            for attempt in Attempt.objects.filter(run_id__in=ids)
-            if attempt.number == current[attempt.run_id]
-        }
-        Attempt.objects.filter(pk__in=[a.pk for a in attempts.values()]).update(
-            status=AttemptStatus.INTERRUPTED, ended_at=now
-        )
-        held = list(
-            Effect.objects.select_for_update()
-            .filter(status=EffectStatus.IN_FLIGHT, claimed_run_id__in=ids)
-            .order_by("created_at")
-        )
-        held = [e for e in held if e.claimed_attempt == current[e.claimed_run_id]]
-        Effect.objects.filter(pk__in=[e.pk for e in held]).update(
-            status=EffectStatus.UNKNOWN,
-            timeout_at=None,
-            revision=F("revision") + 1,
-            updated_at=now,
-        )
-        held_by: dict = {}
-        for effect in held:
-            held_by.setdefault(effect.claimed_run_id, []).append(effect)
-        Run.objects.filter(pk__in=ids).update(status=RunStatus.INTERRUPTED, updated_at=now)
-        for run in runs:
-            attempt = attempts.get(run.pk)
-            if attempt is not None:
-                event(
-                    "attempt_interrupted",
-                    run,
-                    attempt_number=attempt.number,
-                    old_status=attempt.status,
-                    new_status=AttemptStatus.INTERRUPTED,
-                )
-            for effect in held_by.get(run.pk, []):
-                event(
-                    "outcome_unknown",
-                    None,
-                    effect=effect,
-                    attempt_number=effect.claimed_attempt,
-                    old_status=EffectStatus.IN_FLIGHT,
-                    new_status=EffectStatus.UNKNOWN,
-                    note=(
-                        f"Attempt {effect.claimed_attempt} ended interrupted "
-                        "while it was in flight."
-                    ),
-                )
-            event(
-                "run_interrupted",
-                run,
-                attempt_number=run.current_attempt,
-                old_status=RunStatus.RUNNING,
-                new_status=RunStatus.INTERRUPTED,
-                note=f"No heartbeat since {run.heartbeat_at.isoformat()}.",
-            )
-            run.status = RunStatus.INTERRUPTED
-            run.updated_at = now
-
-        verdicts = restart_verdicts(runs)
-        ready, waiting = [], []
-        for run in runs:
-            verdict = verdicts[run.pk]
-            why = _why_needs_person(run, verdict.safe)
-            common = {
-                "attempt_number": run.current_attempt,
-                "old_status": run.status,
-                "new_status": run.status,
-            }
-            if why is None:
-                run.restart_ready = True
-                run.auto_restarts += 1
-                ready.append(run)
-                event(
-                    "restart_ready",
-                    run,
-                    note="The verdict is safe: handed back to its runtime.",
-                    data={"verdict": verdict.as_dict(), "auto_restarts": run.auto_restarts},
-                    **common,
-                )
-            else:
-                waiting.append((run, why))
-                event("needs_person", run, note=why, data={"verdict": verdict.as_dict()}, **common)
-        if ready:
-            Run.objects.filter(pk__in=[run.pk for run in ready]).update(
-                restart_ready=True, auto_restarts=F("auto_restarts") + 1
-            )
-        for run in ready:
-            schedule_restart_handoff(run, now)  # only runs with a restart_url: real work
-        # In the same transaction: operators hear of it exactly when it is true.
-        notify_needs_person_many(waiting, now)
-        save_events(events)
-    report.interrupted.extend(str(run.pk) for run in runs)
-    report.restart_ready.extend(str(run.pk) for run in ready)
-    report.needs_person.extend(str(run.pk) for run, _ in waiting)
 
 
 def time_out_effect(effect_id, now: datetime, report: SweepReport) -> bool:

@@ -14,6 +14,7 @@ from celery import shared_task
 from django.conf import settings
 
 from runs.handoff import deliver_restart_handoff as deliver_once
+from runs.idempotency import prune_idempotent_requests
 from runs.prune import prune_finished_runs
 from runs.sweep import sweep as run_sweep
 
@@ -39,3 +40,11 @@ def prune() -> str:
     if days is None:
         return "retention is off (STARTSAFE_PRUNE_OLDER_THAN_DAYS is not set)"
     return "; ".join(prune_finished_runs(timedelta(days=days)).lines())
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def prune_idempotency_answers() -> str:
+    """Forget the ``Idempotency-Key`` answers older than 24 hours (api.md keeps them
+    at least that long), in batches; on the schedule every hour, so none lives
+    much past its day."""
+    return f"{prune_idempotent_requests()} idempotency answer(s) older than 24 h deleted"

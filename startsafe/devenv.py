@@ -9,7 +9,7 @@ when it is there, so the README's commands in a second terminal
 - A variable set in the environment always wins, even set empty: the file only fills
   in what is unset (python-dotenv's ``override=False``).
 - The file is written once and kept: sessions signed and the demo agent's token
-  (derived from the key, runs/demo.py) survive a restart.
+  (derived from the key, approvals/demo.py) survive a restart.
 - A deployment never reads it: the Docker image has its own var folder
   (``STARTSAFE_VAR_DIR=/app/var``, and ``.dockerignore`` leaves ``var/`` out of the
   build), and ``check --deploy`` warns (startsafe.W001) when settings read one.

@@ -55,7 +55,7 @@ def healthz(request):
     if checks.get("database") == "ok":
         # Informational: a sweep that stopped running is visible here and in metrics,
         # but does not fail the web server's health check (beat may be restarting).
-        from approvals.models import TaskState
+        from runs.models import TaskState
 
         state = TaskState.objects.filter(name="sweep").first()
         if state is not None and state.last_started_at is not None:
@@ -70,8 +70,15 @@ class StartsafeCollector:
     """Reads the gauges and counters from the database at each scrape."""
 
     def collect(self):
-        from approvals.models import OutboxStatus, RestartHandoff, TaskState
-        from runs.models import Effect, EffectStatus, Run, RunStatus
+        from runs.models import (
+            Effect,
+            EffectStatus,
+            OutboxStatus,
+            RestartHandoff,
+            Run,
+            RunStatus,
+            TaskState,
+        )
 
         now = timezone.now()
         runs = GaugeMetricFamily("startsafe_runs", "Runs by status.", labels=["status"])
@@ -188,7 +195,7 @@ def metrics(request):
 
 def sweep_is_recent(max_age: float) -> bool:
     """For beat's container health check: a sweep ran in the last ``max_age`` seconds."""
-    from approvals.models import TaskState
+    from runs.models import TaskState
 
     state = TaskState.objects.filter(name="sweep").first()
     if state is None or state.last_started_at is None:

@@ -473,6 +473,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": STARTSAFE["NOTIFY_INTERVAL"],
         "options": {"expires": max(STARTSAFE["NOTIFY_INTERVAL"], 5.0)},
     },
+    # Idempotency-Key answers are kept 24 hours (api.md); every hour the older go.
+    "prune-idempotency-answers": {
+        "task": "runs.tasks.prune_idempotency_answers",
+        "schedule": 3_600.0,
+        "options": {"expires": 3_600.0},
+    },
 }
 if STARTSAFE["PRUNE_OLDER_THAN_DAYS"] is not None:
     CELERY_BEAT_SCHEDULE["prune"] = {

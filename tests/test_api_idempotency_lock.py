@@ -8,12 +8,9 @@ transaction committed.
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
-from django.db import IntegrityError, connection, transaction
-from django.http import HttpResponse
-from django.test import RequestFactory
+from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from runs import idempotency, lifecycle
@@ -76,48 +73,22 @@ def test_the_lock_of_one_key_does_not_hold_another(api, agent, other_connection)
     assert answer.status == 201
 
 
-def test_a_duplicate_committed_before_the_lock_answers_the_kept_answer(api, agent, monkeypatch):
+def test_the_kept_answer_is_read_after_the_keys_lock_is_taken(api):
+    """A duplicate that held the lock has committed its answer by the time this
+    request takes it; a statement begun after the lock sees that answer (READ
+    COMMITTED), so a duplicate never does the work a second time."""
     first = _start(api, "race-key")
-    assert first.status == 201
-    run = Run.objects.get()
-    attempts = Attempt.objects.filter(run=run).count()
-    real = idempotency.agent_and_key
-    seen = []
 
-    def read_before_the_duplicate_committed(request, key):
-        # The snapshot of a transaction that began before the first request's commit:
-        # it holds the lock (the first has let go of it) yet sees no kept answer.
-        found, locked, row = real(request, key)
-        seen.append((key, locked, row))
-        return found, locked, None
+    with CaptureQueriesContext(connection) as queries:
+        again = _start(api, "race-key")
 
-    real_keep = idempotency._keep_answer
-    keeping = []
-
-    def keep(*args, **kwargs):
-        try:
-            real_keep(*args, **kwargs)
-        except Exception as exc:
-            keeping.append(type(exc).__name__)
-            raise
-        keeping.append("kept")
-
-    monkeypatch.setattr(idempotency, "agent_and_key", read_before_the_duplicate_committed)
-    monkeypatch.setattr(idempotency, "_keep_answer", keep)
-
-    again = _start(api, "race-key")
-
-    # It held the lock, so it ran; its answer met the kept row's unique key.
-    assert len(seen) == 1 and seen[0][1] is True and seen[0][2] is not None
-    assert keeping == ["_KeyTaken"]
-    assert again.status == 201
-    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.status == 201 and again.headers["Idempotent-Replayed"] == "true"
     assert again.body == first.body
-    # The duplicate's work (a start of the same run_key) was rolled back with its answer.
-    assert Run.objects.count() == 1
-    assert Attempt.objects.filter(run=run).count() == attempts
-    kept = IdempotentRequest.objects.get(key="race-key")
-    assert kept.response_status == 201 and kept.completed_at is not None
+    sql = [q["sql"] for q in queries]
+    lock = next(i for i, s in enumerate(sql) if "pg_try_advisory_xact_lock" in s)
+    read = next(i for i, s in enumerate(sql) if 'FROM "runs_idempotentrequest"' in s)
+    assert lock < read
+    assert "runs_idempotentrequest" not in sql[lock]
 
 
 def test_a_server_error_keeps_nothing_and_the_retry_runs(api, monkeypatch):
@@ -149,12 +120,12 @@ def test_a_server_error_keeps_nothing_and_the_retry_runs(api, monkeypatch):
 def test_a_rule_that_fails_after_writing_rolls_the_request_back_and_keeps_its_answer(
     api, monkeypatch
 ):
-    """Inside the API's request transaction a rule has no savepoint of its own
-    (lifecycle.journal_transaction): when it fails after writing, the middleware rolls
-    the whole request back, and still keeps the error as the key's answer."""
+    """Inside the API's request transaction a rule's ``transaction.atomic()`` is a
+    savepoint: when the rule fails after writing, its writes roll back, and its
+    error is kept as the key's answer."""
     from runs import outcomes
     from runs.errors import ClaimConflict
-    from runs.models import AuditEvent, Effect
+    from runs.models import AuditEvent
 
     run = _start(api, "start").body["run"]
     recorded = api.post(
@@ -201,43 +172,22 @@ _CALL = {
 }
 
 
-def test_the_kept_answer_is_written_once_in_the_requests_transaction(api):
+def test_the_kept_answer_is_written_in_the_transaction_of_the_work(api):
     run_id = _start(api, "start-key").body["run"]["id"]
 
     with CaptureQueriesContext(connection) as queries:
         recorded = api.post(f"/runs/{run_id}/calls", _CALL, headers={"Idempotency-Key": "call-1"})
 
     assert recorded.status == 201
-    kept = [q["sql"] for q in queries if 'INSERT INTO "runs_idempotentrequest"' in q["sql"]]
-    assert len(kept) == 1
-    # After the rule's writes, before the request's one commit.
-    sqls = [q["sql"] for q in queries]
-    assert sqls.index(kept[0]) > max(i for i, q in enumerate(sqls) if "runs_call" in q)
-    assert sqls.index(kept[0]) < sqls.index("COMMIT")
+    sql = [q["sql"] for q in queries]
+    kept = [i for i, s in enumerate(sql) if 'INSERT INTO "runs_idempotentrequest"' in s]
+    work = [i for i, s in enumerate(sql) if 'INSERT INTO "runs_call"' in s]
+    commits = [i for i, s in enumerate(sql) if s == "COMMIT"]
+    assert len(kept) == 1 and len(work) == 1 and len(commits) == 1
+    assert work[0] < kept[0] < commits[0]
     stored = IdempotentRequest.objects.get(key="call-1")
     assert stored.response_status == 201
     assert json.loads(bytes(stored.response_body)) == recorded.body
-
-
-def test_a_failing_write_of_the_work_is_its_own_error_not_a_taken_key(api, agent):
-    """Only the key's own unique constraint means a duplicate answered first."""
-    run_id = _start(api, "start-key").body["run"]["id"]
-    assert api.post(f"/runs/{run_id}/calls", _CALL).status == 201
-    copy = Effect.objects.get(key="msg-1")
-    copy.pk = uuid.uuid4()  # the same key again: the effect's own unique constraint
-    request = RequestFactory().post("/api/v1/x", data=b"{}", content_type="application/json")
-    answer = HttpResponse(b"{}", status=200, content_type="application/json")
-
-    with pytest.raises(IntegrityError), transaction.atomic():
-        copy.save(force_insert=True)
-        idempotency._keep_answer(agent, "fresh-key", request, "fp", None, answer)
-    with transaction.atomic():
-        idempotency._keep_answer(agent, "fresh-key", request, "fp", None, answer)
-    with pytest.raises(idempotency._KeyTaken), transaction.atomic():
-        idempotency._keep_answer(agent, "fresh-key", request, "fp", None, answer)
-
-    assert Effect.objects.filter(key="msg-1").count() == 1
-    assert IdempotentRequest.objects.filter(key="fresh-key").count() == 1
 
 
 # --- Two real requests with one key, at the same time ---------------------------------

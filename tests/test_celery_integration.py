@@ -21,11 +21,10 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from approvals.models import RestartHandoff
 from runs.calls import record_call
 from runs.errors import AlreadyRunning
 from runs.lifecycle import heartbeat, start_run
-from runs.models import Attempt, AuditEvent, Effect, EffectStatus, Run, RunStatus
+from runs.models import Attempt, AuditEvent, Effect, EffectStatus, RestartHandoff, Run, RunStatus
 from tests.fault_helpers import database_url
 from tests.redis_helpers import REDIS_URL, Namespace, redis_namespace, someone_elses_key
 from tests.runtime_server import RuntimeServer

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from runs.demo import seed_demo_runs
+from approvals.demo import seed_demo_runs
 from runs.models import TOKEN_PREFIX, Effect, EffectStatus, EffectVersion, Run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))

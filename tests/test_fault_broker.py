@@ -28,11 +28,10 @@ import pytest
 import redis
 from django.db import connection
 
-from approvals.models import RestartHandoff
 from runs.calls import record_call
 from runs.errors import AlreadyRunning
 from runs.lifecycle import heartbeat, start_run
-from runs.models import Attempt, AuditEvent, Effect, EffectStatus, Run, RunStatus
+from runs.models import Attempt, AuditEvent, Effect, EffectStatus, RestartHandoff, Run, RunStatus
 from tests.fault_helpers import ROOT, database_url, free_port, stop_process, wait_for
 from tests.runtime_server import RuntimeServer
 

@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from approvals.decisions import allow_restart
-from approvals.models import Notification, RestartHandoff
+from approvals.models import Notification
 from runs.handoff import backoff, deliver_restart_handoff, dispatch_due_handoffs
 from runs.lifecycle import start_run
-from runs.models import AuditEvent
+from runs.models import AuditEvent, RestartHandoff
 from runs.sweep import sweep
 from tests.runtime_server import RuntimeServer
 

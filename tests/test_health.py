@@ -10,9 +10,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from approvals.models import RestartHandoff
 from runs.calls import record_call
 from runs.lifecycle import start_run
+from runs.models import RestartHandoff
 from runs.sweep import sweep
 from startsafe.settings import _metrics_token
 

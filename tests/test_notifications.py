@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core import mail
+from django.db import transaction
 
-from approvals.models import Notification, TaskState
+from approvals.models import Notification
 from approvals.notifications import (
     collect_notifications,
     notify,
@@ -16,7 +17,8 @@ from approvals.notifications import (
 )
 from runs.calls import record_call
 from runs.lifecycle import start_run
-from runs.models import Effect
+from runs.models import Effect, Run, TaskState
+from runs.signals import runs_need_person
 from runs.sweep import sweep
 from tests.runtime_server import RuntimeServer
 
@@ -122,6 +124,21 @@ def test_a_run_that_needs_a_person_is_announced(agent, operator):
     (message,) = mail.outbox
     assert "1 run(s) need a person" in message.subject
     assert "job" in message.body
+
+
+@pytest.mark.django_db
+def test_the_journals_news_is_written_in_its_transaction_and_rolls_back_with_it(agent):
+    # The journal announces by a signal (runs/signals.py); the notification is
+    # written by the receiver inside the sender's transaction, so operators never
+    # hear of an interruption that did not happen.
+    run = start_run(agent, "job", now=T0).run
+    with pytest.raises(RuntimeError), transaction.atomic():
+        runs_need_person.send(Run, runs=[(run, "manual policy")], now=T0)
+        assert Notification.objects.get(kind="needs_person").line == (
+            "Run job (attempt 1) needs a person: manual policy."
+        )
+        raise RuntimeError("the sweep's transaction fails after the news")
+    assert not Notification.objects.exists()
 
 
 @pytest.mark.django_db

@@ -26,12 +26,12 @@ from django.utils import timezone
 from hypothesis import given
 from hypothesis import strategies as st
 
-from approvals.models import Notification, RestartHandoff
+from approvals.models import Notification
 from approvals.notifications import notify
 from runs.api_schemas import URL_PATTERN
 from runs.handoff import deliver_restart_handoff
 from runs.lifecycle import start_run
-from runs.models import AuditEvent, Run
+from runs.models import AuditEvent, RestartHandoff, Run
 from runs.sweep import sweep
 from startsafe.outbound import (
     NO_ANSWER,

@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.core.management import call_command
 
-from approvals.models import Notification, RestartHandoff, TaskState
+from approvals.models import Notification
 from runs import sweep as sweep_module
 from runs.calls import record_call
 from runs.lifecycle import start_run
-from runs.models import AuditEvent, EffectStatus, Run, RunStatus
+from runs.models import AuditEvent, EffectStatus, RestartHandoff, Run, RunStatus, TaskState
 from runs.sweep import sweep
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)

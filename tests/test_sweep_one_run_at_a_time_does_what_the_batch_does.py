@@ -20,11 +20,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from approvals.models import Notification, RestartHandoff
+from approvals.models import Notification
 from runs import sweep as sweep_module
 from runs.calls import record_call
 from runs.lifecycle import finish_run, heartbeat, start_run
-from runs.models import Agent, AuditEvent, Call, Effect, Run, RunStatus
+from runs.models import Agent, AuditEvent, Call, Effect, RestartHandoff, Run, RunStatus
 from runs.outcomes import complete_effect
 from runs.sweep import SweepReport, interrupt_stale_run, interrupt_stale_runs, sweep
 

@@ -7,10 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from approvals.models import RestartHandoff
 from runs import tasks
 from runs.lifecycle import start_run
-from runs.models import Run, RunStatus
+from runs.models import RestartHandoff, Run, RunStatus
 from tests.runtime_server import RuntimeServer
 
 

@@ -4,7 +4,7 @@ from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from runs.demo import DEMO_AGENT, demo_token, seed_demo_runs
+from approvals.demo import DEMO_AGENT, demo_token, seed_demo_runs
 from runs.models import Agent
 
 DEMO_OPERATOR = "demo"

@@ -1,0 +1,135 @@
+"""What one journaled effect costs the database: statements, commits and rows.
+
+    DATABASE_URL=postgres://.../startsafe_cost python -m bench.journal_cost [PAIRS]
+
+Creates the database afresh, migrates it, starts one run and sends PAIRS (default 50)
+record + complete pairs, each POST with an ``Idempotency-Key`` as the Python client
+sends them, through the whole Django stack in this process (middleware included),
+the way ``make bench``'s write phase sends them over HTTP. Then prints, per pair:
+
+- statements: what Django sent (``CaptureQueriesContext``), and of them
+  ``SAVEPOINT``/``RELEASE`` and the transaction's ``BEGIN``/``COMMIT`` if any;
+- commits: ``pg_stat_database.xact_commit`` of this database (every transaction,
+  a lone autocommit ``SELECT`` included), and the rows inserted, updated, deleted;
+- WAL flushes cannot be told apart per database; each commit that wrote rows is one.
+
+The same script, run on two checkouts, gives the before and after of a change to
+the write path (issue 19's note). Prints one ``BENCH_JSON {...}`` line too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import uuid
+
+import django
+
+COUNTERS = ("xact_commit", "tup_inserted", "tup_updated", "tup_deleted")
+
+
+def _counters(cursor) -> dict[str, int]:
+    # Statistics reach pg_stat_database when a backend flushes them (PostgreSQL 15:
+    # at most once a second while idle); force this backend's flush, then read afresh.
+    cursor.execute("SELECT pg_stat_force_next_flush()")
+    cursor.execute("SELECT pg_stat_clear_snapshot()")
+    columns = ", ".join(COUNTERS)
+    cursor.execute(f"SELECT {columns} FROM pg_stat_database WHERE datname = current_database()")
+    return dict(zip(COUNTERS, cursor.fetchone(), strict=True))
+
+
+def main() -> None:
+    pairs = int(sys.argv[1]) if len(sys.argv) > 1 else 50
+    # As make bench serves it: production settings, one token, no broker.
+    os.environ.update(
+        DJANGO_SETTINGS_MODULE="startsafe.settings",
+        DEBUG="0",
+        SECRET_KEY="bench-" + uuid.uuid4().hex * 2,
+        ALLOWED_HOSTS="testserver",
+        STARTSAFE_RATE_LIMIT="1000000000/minute",
+        STARTSAFE_VAR_DIR=tempfile.mkdtemp(prefix="startsafe-cost-"),
+        CELERY_BROKER_URL="memory://",
+        LOG_LEVEL="WARNING",
+    )
+    from bench.run import recreate_database
+
+    recreate_database(os.environ["DATABASE_URL"])
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    from runs.models import Agent
+
+    call_command("migrate", verbosity=0)
+    agent = Agent(name="cost-bench")
+    token = agent.set_new_token()
+    agent.save()
+    client = Client()
+
+    def post(path: str, body: dict, status: int) -> dict:
+        response = client.post(
+            "/api/v1" + path,
+            json.dumps(body),
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {token}", "Idempotency-Key": uuid.uuid4().hex},
+        )
+        assert response.status_code == status, (path, response.status_code, response.content)
+        return response.json()
+
+    run_id = post("/runs", {"run_key": "cost-bench"}, 201)["run"]["id"]
+
+    def pair(n: int) -> None:
+        call = {
+            "attempt": 1,
+            "tool": "email.send",
+            "kind": "effect",
+            "key": f"cost-{n}",
+            "key_source": "intent",
+            "args": {"to": "customer@example.com", "n": n},
+        }
+        effect_id = post(f"/runs/{run_id}/calls", call, 201)["effect"]["id"]
+        done = {"run_id": run_id, "attempt": 1, "outcome": "done", "result": {"sent": n}}
+        post(f"/effects/{effect_id}/complete", done, 200)
+
+    pair(-1)  # warm: imports, the connection, cached plans
+    with connection.cursor() as cursor:
+        # Reading the counters is itself a few transactions: measured once with
+        # nothing between two readings, and taken off the pairs' count.
+        first = _counters(cursor)
+        before = _counters(cursor)
+        reading = {k: before[k] - first[k] for k in COUNTERS}
+    with CaptureQueriesContext(connection) as captured:
+        for n in range(pairs):
+            pair(n)
+    with connection.cursor() as cursor:
+        after = _counters(cursor)
+
+    sqls = [q["sql"].strip().upper() for q in captured.captured_queries]
+    savepoints = sum(s.startswith(("SAVEPOINT", "RELEASE SAVEPOINT")) for s in sqls)
+    result = {
+        "pairs": pairs,
+        "statements": len(sqls) / pairs,
+        "savepoint_statements": savepoints / pairs,
+        **{k: (after[k] - before[k] - reading[k]) / pairs for k in COUNTERS},
+    }
+    print(
+        f"per record + complete pair, over {pairs} pairs with Idempotency-Key:\n"
+        f"  statements sent: {result['statements']:.1f}"
+        f" (of them savepoints: {result['savepoint_statements']:.1f})\n"
+        f"  transactions committed: {result['xact_commit']:.2f}\n"
+        f"  rows inserted {result['tup_inserted']:.2f}, updated {result['tup_updated']:.2f},"
+        f" deleted {result['tup_deleted']:.2f}"
+    )
+    print("BENCH_JSON " + json.dumps(result))
+    connection.close()
+    from bench.run import drop_database
+
+    drop_database(os.environ["DATABASE_URL"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Query budgets of the request path: a keyed POST through the idempotency middleware,
+its replay, and the approval poll (200 and 304).
+
+Each test lists the statements it allows, in order. The rule's own statements (the
+journal's writes, runs/calls.py) sit inside its ``transaction.atomic()``, a
+savepoint of the request's transaction; their budget is the rule's tests' to keep.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from tests.api_client import Api
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),  # the request's own BEGIN and COMMIT
+    pytest.mark.skipif(
+        connection.vendor != "postgresql", reason="the key's lock is PostgreSQL's advisory lock"
+    ),
+]
+
+# An effect that needs no approval: recorded already claimed (runs/calls.py).
+_CALL = dict(attempt=1, tool="crm.note", kind="effect", key="n-1", key_source="intent", args={})
+
+
+@pytest.fixture
+def api(agent) -> Api:
+    return Api(agent.token)
+
+
+@pytest.fixture
+def run_id(api) -> str:
+    return api.post("/runs", {"run_key": "budget"}).body["run"]["id"]
+
+
+def _around_the_rule(sql: list[str]) -> list[str]:
+    """The statements outside the rule's savepoint, the savepoint standing as one."""
+    outside, depth = [], 0
+    for statement in sql:
+        if statement.startswith("SAVEPOINT"):
+            depth += 1
+            if depth == 1:
+                outside.append("<the rule>")
+        elif statement.startswith("RELEASE SAVEPOINT"):
+            depth -= 1
+        elif depth == 0:
+            outside.append(statement)
+    return outside
+
+
+def _shape(statement: str) -> str:
+    for shape, says in (
+        ("agent by token", '"runs_agent"."token_hash" = '),
+        ("key's lock", "SELECT pg_try_advisory_xact_lock("),
+        ("key's answer", 'FROM "runs_idempotentrequest" WHERE'),
+        ("keep the answer", 'INSERT INTO "runs_idempotentrequest"'),
+        ("effect by id and agent", "FROM runs_effect WHERE id = "),
+    ):
+        if says in statement:
+            return shape
+    return statement
+
+
+def test_a_keyed_post_is_four_statements_and_a_transaction_around_its_rule(api, run_id):
+    with CaptureQueriesContext(connection) as queries:
+        recorded = api.post(f"/runs/{run_id}/calls", _CALL, headers={"Idempotency-Key": "k1"})
+
+    assert recorded.status == 201
+    sql = [q["sql"] for q in queries]
+    assert [_shape(s) for s in _around_the_rule(sql)] == [
+        "agent by token",  # api_auth.agent_for_request, before the body is read
+        "BEGIN",
+        "key's lock",  # pg_try_advisory_xact_lock
+        "key's answer",  # read after the lock: sees a duplicate's committed answer
+        "<the rule>",  # SAVEPOINT, record_call's statements, RELEASE SAVEPOINT
+        "keep the answer",  # in the work's transaction
+        "COMMIT",
+    ]
+    # The whole request today: the six above outside the rule, SAVEPOINT and RELEASE,
+    # and the rule's six (tests/test_query_budgets_write.py::test_record_of_a_new_key: lock the
+    # run, insert the effect, lock it, its events, the call, the argument version).
+    assert len(sql) <= 14
+
+
+def test_a_keyed_replay_reads_the_kept_answer_and_runs_nothing(api, run_id):
+    api.post(f"/runs/{run_id}/calls", _CALL, headers={"Idempotency-Key": "k1"})
+
+    with CaptureQueriesContext(connection) as queries:
+        again = api.post(f"/runs/{run_id}/calls", _CALL, headers={"Idempotency-Key": "k1"})
+
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert [_shape(q["sql"]) for q in queries] == [
+        "agent by token",
+        "BEGIN",
+        "key's lock",
+        "key's answer",
+        "COMMIT",
+    ]
+
+
+def test_the_poll_is_the_token_and_the_effect(api, run_id):
+    effect_id = api.post(f"/runs/{run_id}/calls", _CALL).body["effect"]["id"]
+
+    with CaptureQueriesContext(connection) as queries:
+        polled = api.get(f"/effects/{effect_id}")
+    with CaptureQueriesContext(connection) as unchanged:
+        not_modified = api.get(f"/effects/{effect_id}", {"If-None-Match": polled.headers["ETag"]})
+
+    assert polled.status == 200 and not_modified.status == 304
+    for captured in (queries, unchanged):
+        assert [_shape(q["sql"]) for q in captured] == [
+            "agent by token",  # AgentToken.authenticate -> agent_for_request
+            "effect by id and agent",  # api_poll.POLL_SQL, the read-only fast path
+        ]
