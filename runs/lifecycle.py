@@ -9,7 +9,7 @@ then asks for a run lock, so concurrent starts, calls, decisions and sweeps cann
 deadlock. Each change writes an audit event (``runs.audit.record_event``) and bumps
 the effect's ``revision`` (the poll's ETag).
 
-Called by the agent API (``runs/api.py``), the console (``approvals/``) and the
+Called by the agent API (``runs/api/views.py``), the console (``approvals/``) and the
 sweep (``runs/sweep.py``).
 """
 

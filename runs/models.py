@@ -381,7 +381,7 @@ class Effect(models.Model):
 
     @property
     def claimed_by(self) -> dict | None:
-        # Reads two columns only: the poll's EffectRow gives them too (runs/serialize.py).
+        # Reads two columns only: the poll's EffectRow gives them too (runs/api/serialize.py).
         if self.claimed_run_id is None:
             return None
         return {"run_id": str(self.claimed_run_id), "attempt": self.claimed_attempt}
@@ -501,7 +501,7 @@ class AuditEvent(models.Model):
 
 
 class IdempotentRequest(models.Model):
-    """A POST's ``Idempotency-Key`` and the answer kept with the work (runs/idempotency.py).
+    """A POST's ``Idempotency-Key`` and the answer kept with the work (runs/api/idempotency.py).
 
     A repeat with the same key gets the stored answer; a different body is refused
     (422); a repeat while the first is still being processed is refused (409: the

@@ -13,8 +13,8 @@ from datetime import timedelta
 from celery import shared_task
 from django.conf import settings
 
+from runs.api.idempotency import prune_idempotent_requests
 from runs.handoff import deliver_restart_handoff as deliver_once
-from runs.idempotency import prune_idempotent_requests
 from runs.prune import prune_finished_runs
 from runs.sweep import sweep as run_sweep
 

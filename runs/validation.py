@@ -1,6 +1,6 @@
 """What the journal can hold: the checks the agent API and the console's forms share.
 
-Neither face imports the other: the API's schemas (``runs/api_schemas.py``) and the
+Neither face imports the other: the API's schemas (``runs/api/schemas.py``) and the
 console's forms (``approvals/forms.py``) both validate through these. Each check
 raises ``ValueError`` with a message that reads after the field's name ("args is
 nested too deeply...").

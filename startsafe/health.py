@@ -18,7 +18,7 @@ from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from runs.api_auth import bearer_token
+from runs.api.auth import bearer_token
 from startsafe.logs import kv
 
 logger = logging.getLogger("startsafe.health")

@@ -4,7 +4,7 @@ connection closes.
 
 Why: the API answers some requests without reading their body, on purpose (a
 missing or wrong token is ``401`` before the body is read, so that a client
-without a token cannot hold a worker by sending a body slowly: runs/idempotency.py).
+without a token cannot hold a worker by sending a body slowly: runs/api/idempotency.py).
 gunicorn's sync worker then closes the socket with those bytes unread, and the
 kernel answers unread bytes with a TCP reset, which can reach the peer before it
 has read the answer: a client sees "connection reset" instead of its ``401``,

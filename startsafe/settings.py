@@ -54,8 +54,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # /api/ requests skip CONSOLE_ONLY_MIDDLEWARE below (runs/api_middleware.py).
-    "runs.api_middleware.ApiMiddleware",
+    # /api/ requests skip CONSOLE_ONLY_MIDDLEWARE below (runs/api/middleware.py).
+    "runs.api.middleware.ApiMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files (console CSS, htmx, admin, API docs) served by the app itself.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -74,8 +74,8 @@ MIDDLEWARE = [
     # The console's statements are planned with their values, never prepared
     # (startsafe/postgresql/plans.py).
     "startsafe.postgresql.plans.ConsoleQueriesMiddleware",
-    # Idempotency-Key and the 1 MiB body limit of the agent API (runs/idempotency.py).
-    "runs.idempotency.IdempotencyMiddleware",
+    # Idempotency-Key and the 1 MiB body limit of the agent API (runs/api/idempotency.py).
+    "runs.api.idempotency.IdempotencyMiddleware",
 ]
 
 # What a bearer-token JSON API never uses: the agent API's requests go through

@@ -3,12 +3,12 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
-from runs.api import api
+from runs.api.views import api
 from startsafe import health
 
 # The API's own error body where Django answers before (or instead of) the API.
-handler400 = "runs.api_middleware.bad_request"
-handler500 = "runs.api_middleware.server_error"
+handler400 = "runs.api.middleware.bad_request"
+handler500 = "runs.api.middleware.server_error"
 
 urlpatterns = [
     path("admin/", admin.site.urls),

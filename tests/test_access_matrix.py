@@ -17,7 +17,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from lifecycle_helpers import send, start
 
-from runs.api import api
+from runs.api.views import api
 from runs.lifecycle import finish_run
 from tests.api_client import Api
 

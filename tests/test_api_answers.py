@@ -1,5 +1,5 @@
 """The hot writes' answers (record, complete) are rendered without pydantic's
-round trip (runs/api.py ``_hot_answer``): each must still be exactly what its
+round trip (runs/api/views.py ``_hot_answer``): each must still be exactly what its
 response schema documents, as ninja's validated output would have been."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 from approvals.decisions import approve_effect, reject_effect
-from runs.api_schemas import EffectOnlyOut, RecordOut
+from runs.api.schemas import EffectOnlyOut, RecordOut
 from tests.api_client import Api
 
 pytestmark = pytest.mark.django_db

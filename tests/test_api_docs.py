@@ -12,7 +12,7 @@ import json
 import pytest
 from django.test import Client
 
-from runs.api import api
+from runs.api.views import api
 
 pytestmark = pytest.mark.django_db
 

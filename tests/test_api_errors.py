@@ -253,7 +253,7 @@ def test_the_database_gone_in_a_middleware_is_the_contracts_500(agent, monkeypat
     def gone(*args, **kwargs):
         raise OperationalError("the database went away")
 
-    monkeypatch.setattr("runs.idempotency.lock_key", gone)
+    monkeypatch.setattr("runs.api.idempotency.lock_key", gone)
     api = Api(agent.token, Client(raise_request_exception=False))
     answer = api.post("/runs", {"run_key": "t"}, headers={"Idempotency-Key": "k"})
     assert answer.status == 500 and answer.code == "internal_error"

@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from runs.idempotency import prune_idempotent_requests
+from runs.api.idempotency import prune_idempotent_requests
 from runs.models import Call, IdempotentRequest, Run
 from tests.api_client import Api
 
@@ -61,7 +61,7 @@ def test_the_same_key_with_another_body_is_idempotency_key_reused(api):
 
 def test_a_claim_row_of_the_earlier_design_is_request_in_progress_within_its_lease(api, agent):
     """Rows the earlier design claimed before the work still count as in progress
-    until their lease lapses (runs/idempotency.py). Two real concurrent requests:
+    until their lease lapses (runs/api/idempotency.py). Two real concurrent requests:
     tests/test_api_idempotency_lock.py."""
     now = timezone.now()
     IdempotentRequest.objects.create(
@@ -115,7 +115,7 @@ def test_answers_older_than_a_day_are_pruned(api, agent):
 def _fingerprint(body: dict) -> str:
     import json
 
-    from runs.idempotency import request_fingerprint
+    from runs.api.idempotency import request_fingerprint
 
     return request_fingerprint("POST", "/api/v1/runs", json.dumps(body).encode())
 

@@ -1,4 +1,4 @@
-"""The Idempotency-Key's advisory lock and the answer kept with the work (runs/idempotency.py).
+"""The Idempotency-Key's advisory lock and the answer kept with the work (runs/api/idempotency.py).
 
 These tests commit for real: a second PostgreSQL connection holds the key's lock as a
 concurrent duplicate would, and a duplicate's kept answer must be one another
@@ -13,7 +13,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from runs import idempotency, lifecycle
+from runs import lifecycle
+from runs.api import idempotency
 from runs.models import Attempt, AuditEvent, Call, Effect, IdempotentRequest, Run
 from tests.api_client import Answer, Api
 from tests.race_helpers import Worker, pool_room, row_locked, run_together, wait_for_lock_waiters

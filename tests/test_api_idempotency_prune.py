@@ -13,7 +13,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from runs import idempotency, tasks
+from runs import tasks
+from runs.api import idempotency
 from runs.models import IdempotentRequest
 
 pytestmark = pytest.mark.django_db

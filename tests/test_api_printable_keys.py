@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from runs.api_schemas import PRINTABLE
+from runs.api.schemas import PRINTABLE
 from runs.models import Effect, Run
 from tests.api_client import Api
 

@@ -2,7 +2,7 @@
 
 A start's run id and attempt feed its heartbeat, calls and finish; a call's effect
 id feeds the poll, claim, complete and reconcile (the OpenAPI ``links`` declared
-in ``runs/api.py``). Every check schemathesis has runs on every answer: no server
+in ``runs/api/views.py``). Every check schemathesis has runs on every answer: no server
 error, every status, header and body as the schema documents. Bounded so that it
 runs in well under two minutes.
 """

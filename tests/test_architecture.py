@@ -39,7 +39,7 @@ def test_the_console_does_not_import_the_agent_apis_schemas():
     offenders = {
         path: modules
         for path, modules in _imports_of("approvals", "runs").items()
-        if any(m.startswith("runs.api") for m in modules)
+        if any(m == "runs.api" or m.startswith("runs.api.") for m in modules)
     }
     assert offenders == {}
 
@@ -48,3 +48,16 @@ def test_the_check_sees_an_import_inside_a_function(tmp_path):
     module = tmp_path / "late.py"
     module.write_text("def f():\n    from approvals.notifications import notify\n")
     assert "approvals.notifications" in _imported_modules(module)
+
+
+def test_the_journals_rules_do_not_import_the_agent_api():
+    # runs/api/ is the HTTP face of the journal (router, schemas, auth, idempotency,
+    # rate limit, the poll); the models, rules and sweep under runs/ never need it.
+    # runs/tasks.py is the exception: the beat schedule prunes the API's kept answers.
+    offenders = {
+        path: modules
+        for path, modules in _imports_of("runs", "runs").items()
+        if not path.startswith(("runs/api/", "runs/tasks.py"))
+        and any(m == "runs.api" or m.startswith("runs.api.") for m in modules)
+    }
+    assert offenders == {}

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from approvals.models import Notification
 from approvals.notifications import notify
-from runs.api_schemas import URL_PATTERN
+from runs.api.schemas import URL_PATTERN
 from runs.handoff import deliver_restart_handoff
 from runs.lifecycle import start_run
 from runs.models import AuditEvent, RestartHandoff, Run

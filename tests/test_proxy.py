@@ -23,7 +23,7 @@ import httpx
 import pytest
 from fault_helpers import NGINX_CONF, Gunicorn, Nginx, free_port, nginx_binary, nginx_config
 
-from runs.idempotency import MAX_BODY, _too_large
+from runs.api.idempotency import MAX_BODY, _too_large
 from runs.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""The API's objects are defined once, by their schemas: runs/serialize.py builds each
+"""The API's objects are defined once, by their schemas: runs/api/serialize.py builds each
 answer from its schema's fields, and the poll reads the columns those fields need."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import FieldDoesNotExist
 
-from runs import api_poll
-from runs.api_schemas import AttemptOut, CallOut, EffectOut, RunOut
+from runs.api import poll as api_poll
+from runs.api.schemas import AttemptOut, CallOut, EffectOut, RunOut
+from runs.api.serialize import Shape, attempt_dict, call_dict, effect_dict, run_dict
 from runs.calls import record_call
 from runs.lifecycle import start_run
 from runs.models import EffectStatus, Run
-from runs.serialize import Shape, attempt_dict, call_dict, effect_dict, run_dict
 
 pytestmark = pytest.mark.django_db
 

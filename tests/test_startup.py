@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROBE = """
 import gc, sys
 import startsafe.wsgi
-print(gc.get_freeze_count(), "approvals.views" in sys.modules, "runs.api" in sys.modules)
+print(gc.get_freeze_count(), "approvals.views" in sys.modules, "runs.api.views" in sys.modules)
 """
 
 

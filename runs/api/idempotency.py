@@ -39,10 +39,10 @@ from django.db import connection, transaction
 from django.http import HttpResponse
 from django.utils import timezone
 
-from runs.api_auth import agent_for_request, error_response
+from runs.api.auth import agent_for_request, error_response
+from runs.api.ratelimit import rate_limit_refusal, rate_limited_response
 from runs.canonical import NotCanonicalizable, canonical_json
 from runs.models import Agent, IdempotentRequest
-from runs.ratelimit import rate_limit_refusal, rate_limited_response
 
 API_PREFIX = "/api/v1/"
 MAX_BODY = 1024 * 1024

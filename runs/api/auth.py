@@ -1,8 +1,8 @@
 """Bearer-token authentication of agents, and the contract's error body.
 
 ``agent_for_request`` is the one token lookup. The API's auth class (``AgentToken``
-in runs/api.py, django-ninja's ``HttpBearer``) returns its agent for every endpoint,
-the poll included; the idempotency middleware (runs/idempotency.py) calls it first
+in runs/api/views.py, django-ninja's ``HttpBearer``) returns its agent for every endpoint,
+the poll included; the idempotency middleware (runs/api/idempotency.py) calls it first
 for a request with a body, so that a client without a valid token cannot make it
 read one. The first call asks the database (one indexed query: ``token_hash`` is
 unique) and the answer is kept on the request, so a request asks once.

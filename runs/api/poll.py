@@ -4,7 +4,7 @@ Thousands of waiting agents poll all day, so the poll is built to cost little mo
 than reading one row by primary key (``make bench`` measures it against exactly
 that, see docs/performance.md):
 
-1. The token is the API's as for every endpoint (``AgentToken``, runs/api.py:
+1. The token is the API's as for every endpoint (``AgentToken``, runs/api/views.py:
    ``401`` and ``429`` before this runs). The effect is read by primary key and
    agent in one constant statement: building it with the ORM cost more CPU than
    PostgreSQL spent answering it. No row: ``404`` (another agent's id answers
@@ -29,12 +29,12 @@ from django.db import connection, models
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from runs.api_auth import error_response
+from runs.api.auth import error_response
+from runs.api.serialize import effect_dict
 from runs.lifecycle import action_for
 from runs.models import Agent, Effect
-from runs.serialize import effect_dict
 
-# The effect's columns as its API shape reads them (runs/serialize.py), and those
+# The effect's columns as its API shape reads them (runs/api/serialize.py), and those
 # ``action_for`` and the ETag read.
 _EFFECT_COLUMNS = tuple(
     dict.fromkeys((*effect_dict.columns, "status", "approval_expires_at", "revision"))

@@ -1,14 +1,14 @@
 """The contract's objects (api.md "Objects") as plain dicts, built without extra queries.
 
-Each object is defined once, by its schema in ``runs/api_schemas.py`` (names, order,
+Each object is defined once, by its schema in ``runs/api/schemas.py`` (names, order,
 types, what the OpenAPI document shows). A ``Shape`` reads that schema's fields and
 takes each from the model attribute of the same name, converted as the model field's
 type says (times as ISO 8601, UUIDs as strings); only a field whose value comes from
 elsewhere names its source below. So a field added to a schema is in every answer,
-the poll's one query included (``Shape.columns``, runs/api_poll.py).
+the poll's one query included (``Shape.columns``, runs/api/poll.py).
 
 The answers are built as dicts, not by pydantic's round trip through the schema:
-the hot writes render them directly (runs/api.py ``_hot_answer``), and
+the hot writes render them directly (runs/api/views.py ``_hot_answer``), and
 tests/test_api_answers.py holds them to their schemas.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 from django.db import models
 from pydantic import BaseModel
 
-from runs.api_schemas import AttemptOut, CallOut, EffectOut, RunOut
+from runs.api.schemas import AttemptOut, CallOut, EffectOut, RunOut
 from runs.models import Attempt, Call, Effect, Run
 
 

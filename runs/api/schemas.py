@@ -5,7 +5,7 @@ documentation and the validation are the same code. Limits are api.md's.
 Input is strict: ``"5"`` is not an integer and ``1`` is not a boolean.
 
 Each answer object (``RunOut``, ``AttemptOut``, ``CallOut``, ``EffectOut``) is the one
-definition of its shape: runs/serialize.py builds the answers, the poll's included,
+definition of its shape: runs/api/serialize.py builds the answers, the poll's included,
 from these fields. Status values come from the models' ``TextChoices``.
 """
 

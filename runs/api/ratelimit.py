@@ -29,7 +29,7 @@ from django.core.cache import caches
 from django.core.cache.backends.redis import RedisCache
 from django.http import HttpRequest, JsonResponse
 
-from runs.api_auth import error_response
+from runs.api.auth import error_response
 from runs.models import Agent
 from startsafe.env import parse_rate
 
@@ -39,7 +39,7 @@ _UNSET = object()
 
 class RateLimited(Exception):
     """Over the rate. An exception because the API's auth class raises it, the way
-    django-ninja lets an auth class answer: its handler (runs/api.py) gives the 429."""
+    django-ninja lets an auth class answer: its handler (runs/api/views.py) gives the 429."""
 
     def __init__(self, retry_after: int, limit: int, period: int):
         super().__init__(f"over {limit} requests per {period} s")

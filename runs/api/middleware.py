@@ -18,7 +18,7 @@ from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 from django.views import defaults
 
-from runs.api_auth import error_response, internal_error_response
+from runs.api.auth import error_response, internal_error_response
 
 API_PREFIX = "/api/"
 THIS = f"{__name__}.ApiMiddleware"

@@ -3,7 +3,7 @@
 
 One auth class sets the agent; one place turns every failure into the contract's
 error body (``_error_handlers``); the endpoints are thin: validate (schemas), call a
-rule, serialise. Size limits and ``Idempotency-Key`` live in ``runs/idempotency.py``.
+rule, serialise. Size limits and ``Idempotency-Key`` live in ``runs/api/idempotency.py``.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from ninja.parser import Parser
 from ninja.security import HttpBearer
 
 from runs import calls, lifecycle, outcomes
-from runs.api_auth import agent_for_request, error_response, internal_error_response
-from runs.api_poll import poll_response
-from runs.api_render import ORJSONRenderer
-from runs.api_schemas import (
+from runs.api.auth import agent_for_request, error_response, internal_error_response
+from runs.api.poll import poll_response
+from runs.api.ratelimit import RateLimited, rate_limit_refusal, rate_limited_response
+from runs.api.render import ORJSONRenderer
+from runs.api.schemas import (
     NO_NUL,
     AttemptIn,
     CallIn,
@@ -45,10 +46,9 @@ from runs.api_schemas import (
     StartIn,
     StartOut,
 )
+from runs.api.serialize import attempt_dict, call_dict, effect_dict, journal_of, run_dict
 from runs.errors import JournalError
 from runs.models import Attempt, Effect, Run
-from runs.ratelimit import RateLimited, rate_limit_refusal, rate_limited_response
-from runs.serialize import attempt_dict, call_dict, effect_dict, journal_of, run_dict
 from runs.validation import PayloadTooLarge
 from runs.verdict import restart_verdict
 
@@ -80,7 +80,15 @@ class AgentToken(HttpBearer):
         return agent
 
 
-api = NinjaAPI(
+class AgentAPI(NinjaAPI):
+    def get_openapi_operation_id(self, operation) -> str:
+        # The published operationIds (``runs_api_<view>``, the schema's links name
+        # them) were made from the module runs/api.py; clients generated from the
+        # schema keep their method names now that the API is a package.
+        return f"runs_api_{operation.view_func.__name__}"
+
+
+api = AgentAPI(
     title="startsafe agent API",
     version="1",
     description=(
@@ -293,10 +301,10 @@ def _unexpected(request, exc):
 def _hot_answer(request, status: int, body: dict):
     """The answer of a write an agent makes on every tool call (record, complete),
     rendered as ninja renders it but not validated again on the way out: its dicts
-    are runs/serialize.py's, which the response schemas describe, and pydantic's
+    are runs/api/serialize.py's, which the response schemas describe, and pydantic's
     round trip through them was 2% of the write path's client CPU (callgrind,
     docs/performance.md). tests/test_api_answers.py holds these answers to their
-    schemas; the poll's answer is built the same way (runs/api_poll.py)."""
+    schemas; the poll's answer is built the same way (runs/api/poll.py)."""
     return api.create_response(request, body, status=status)
 
 
