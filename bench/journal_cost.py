@@ -11,7 +11,9 @@ the way ``make bench``'s write phase sends them over HTTP. Then prints, per pair
   ``SAVEPOINT``/``RELEASE`` and the transaction's ``BEGIN``/``COMMIT`` if any;
 - commits: ``pg_stat_database.xact_commit`` of this database (every transaction,
   a lone autocommit ``SELECT`` included), and the rows inserted, updated, deleted;
-- WAL flushes cannot be told apart per database; each commit that wrote rows is one.
+- WAL flushes cannot be told apart per database; each commit that wrote rows is one;
+- the CPU time of this process and the wall time, over PAIRS more pairs sent without
+  capturing the statements.
 
 The same script, run on two checkouts, gives the before and after of a change to
 the write path (issue 19's note). Prints one ``BENCH_JSON {...}`` line too.
@@ -23,6 +25,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import uuid
 
 import django
@@ -105,16 +108,27 @@ def main() -> None:
     with CaptureQueriesContext(connection) as captured:
         for n in range(pairs):
             pair(n)
+    # Read now: each request of the test client empties Django's query log.
+    sqls = [q["sql"].strip().upper() for q in captured.captured_queries]
     with connection.cursor() as cursor:
         after = _counters(cursor)
+    # The time of the same pairs again, without capturing (its own cost): this
+    # process's CPU (Django's side of each request) and the wall clock (PostgreSQL's
+    # side and the round trips too). A busy machine makes both noisy: compare
+    # checkouts interleaved, not a run today with one last week.
+    cpu, wall = time.process_time(), time.perf_counter()
+    for n in range(pairs, 2 * pairs):
+        pair(n)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
 
-    sqls = [q["sql"].strip().upper() for q in captured.captured_queries]
     savepoints = sum(s.startswith(("SAVEPOINT", "RELEASE SAVEPOINT")) for s in sqls)
     result = {
         "pairs": pairs,
         "statements": len(sqls) / pairs,
         "savepoint_statements": savepoints / pairs,
         **{k: (after[k] - before[k] - reading[k]) / pairs for k in COUNTERS},
+        "cpu_ms": cpu * 1000 / pairs,
+        "wall_ms": wall * 1000 / pairs,
     }
     print(
         f"per record + complete pair, over {pairs} pairs with Idempotency-Key:\n"
@@ -122,7 +136,8 @@ def main() -> None:
         f" (of them savepoints: {result['savepoint_statements']:.1f})\n"
         f"  transactions committed: {result['xact_commit']:.2f}\n"
         f"  rows inserted {result['tup_inserted']:.2f}, updated {result['tup_updated']:.2f},"
-        f" deleted {result['tup_deleted']:.2f}"
+        f" deleted {result['tup_deleted']:.2f}\n"
+        f"  this process's CPU {result['cpu_ms']:.2f} ms, wall {result['wall_ms']:.2f} ms"
     )
     print("BENCH_JSON " + json.dumps(result))
     connection.close()
