@@ -70,8 +70,8 @@ def test_a_keyed_post_is_four_statements_and_a_transaction_around_its_rule(api, 
     assert recorded.status == 201
     sql = [q["sql"] for q in queries]
     assert [_shape(s) for s in _around_the_rule(sql)] == [
-        "agent by token",  # api_auth.agent_for_request, before the body is read
-        "BEGIN",
+        "BEGIN",  # one transaction from the token on: one commit
+        "agent by token",  # auth.agent_for_request, before the body is read
         "key's lock",  # pg_try_advisory_xact_lock
         "key's answer",  # read after the lock: sees a duplicate's committed answer
         "<the rule>",  # SAVEPOINT, record_call's statements, RELEASE SAVEPOINT
@@ -92,8 +92,8 @@ def test_a_keyed_replay_reads_the_kept_answer_and_runs_nothing(api, run_id):
 
     assert again.headers["Idempotent-Replayed"] == "true"
     assert [_shape(q["sql"]) for q in queries] == [
-        "agent by token",
         "BEGIN",
+        "agent by token",
         "key's lock",
         "key's answer",
         "COMMIT",

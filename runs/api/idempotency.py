@@ -8,8 +8,9 @@ A middleware, so it sees every answer the API gives, validation errors included:
 2. The token (``agent_for_request``, the API's one token lookup) and the rate are
    checked before the body is read: a client without a valid token cannot hold a
    worker by sending a body slowly (docs/scaling.md, "The proxy").
-3. A keyed request runs in one transaction that first takes the key's advisory
-   lock (PostgreSQL, ``pg_try_advisory_xact_lock``): a concurrent duplicate cannot
+3. A keyed request runs in one transaction, from the token's lookup to its kept
+   answer (one commit), that takes the key's advisory lock before its work
+   (PostgreSQL, ``pg_try_advisory_xact_lock``): a concurrent duplicate cannot
    take it and answers ``409 request_in_progress`` at once. The key's kept answer
    is read after the lock, in a statement of its own: its snapshot sees whatever a
    duplicate that held the lock before committed.
@@ -25,7 +26,8 @@ A middleware, so it sees every answer the API gives, validation errors included:
    progress until their 60-second lease lapses.)
 
 On SQLite (the embedded default) a write transaction takes the whole database
-(``BEGIN IMMEDIATE``), so a duplicate waits for the first and gets its answer.
+(``BEGIN IMMEDIATE``), so a duplicate waits for the first and gets its answer;
+a keyed POST takes it from its token's lookup on, its body's reading included.
 """
 
 from __future__ import annotations
@@ -101,20 +103,23 @@ class IdempotencyMiddleware:
             return unreadable
         if request.method not in BODY_METHODS:
             return self.get_response(request)  # the API's auth looks the token up
-        agent = agent_for_request(request)
-        if agent is None:
-            return self.get_response(request)  # the API answers 401, before any body
-        # Counted before the work: a refused request must not become the key's kept
-        # answer, or the client's retry would meet its 429 forever.
-        refusal = rate_limit_refusal(request, agent)
-        if refusal is not None:
-            return rate_limited_response(refusal)
-        # The token is good: only now is the body read.
-        if _body_over_limit(request):
-            return _too_large()
         key = request.headers.get("Idempotency-Key")
         if request.method != "POST" or key is None:
-            return self.get_response(request)
+            return _refusal(request) or self.get_response(request)
+        # A keyed POST is one transaction from its first statement, the token's
+        # lookup, to its kept answer: one commit. The token is still checked before
+        # the body is read; a client with a valid token that sends its body slowly
+        # holds this transaction open meanwhile (before it held the request's
+        # transaction too: the body was read in it before the ORM rewrite).
+        with transaction.atomic():
+            refusal = _refusal(request)
+            agent = agent_for_request(request)  # kept on the request: no second query
+            if refusal is not None or agent is None:
+                return refusal or self.get_response(request)
+            return self._keyed(request, agent, key)
+
+    def _keyed(self, request, agent: Agent, key: str):
+        """A keyed POST, in the transaction the caller opened (points 3 to 5 above)."""
         if not _valid_key(key):
             return error_response(
                 400,
@@ -123,25 +128,43 @@ class IdempotencyMiddleware:
                 {"fields": {"Idempotency-Key": "1 to 255 printable characters"}},
             )
         fingerprint = request_fingerprint(request.method, request.path, request.body)
-        with transaction.atomic():
-            locked = lock_key(agent, key)
-            row = IdempotentRequest.objects.filter(agent=agent, key=key).first()
-            answer = _answer_from_key(row, key, fingerprint, locked)
-            if answer is not None:
-                return answer
-            response = self.get_response(request)
-            if (
-                response.status_code >= 500
-                or getattr(response, "streaming", False)
-                or transaction.get_rollback()
-            ):
-                # Nothing is kept and the work is rolled back: the retry runs it anew.
-                # (get_rollback: a failure inside an atomic block without a savepoint
-                # has doomed the transaction; none of the rules does that.)
-                transaction.set_rollback(True)
-                return response
-            _keep_answer(agent, key, request, fingerprint, row, response)
+        locked = lock_key(agent, key)
+        row = IdempotentRequest.objects.filter(agent=agent, key=key).first()
+        answer = _answer_from_key(row, key, fingerprint, locked)
+        if answer is not None:
+            return answer
+        response = self.get_response(request)
+        if (
+            response.status_code >= 500
+            or getattr(response, "streaming", False)
+            or transaction.get_rollback()
+        ):
+            # Nothing is kept and the work is rolled back: the retry runs it anew.
+            # (get_rollback: a failure inside an atomic block without a savepoint
+            # has doomed the transaction; none of the rules does that.)
+            transaction.set_rollback(True)
+            return response
+        _keep_answer(agent, key, request, fingerprint, row, response)
         return response
+
+
+def _refusal(request) -> HttpResponse | None:
+    """What refuses an API request with a body before its work, from the token, the
+    rate and the body's size, in this order; None for a request to run. The token
+    is looked up (``agent_for_request``, kept on the request) before the body is
+    read. Without a valid one this is None too: the API's auth answers 401."""
+    agent = agent_for_request(request)
+    if agent is None:
+        return None
+    # Counted before the work: a refused request must not become the key's kept
+    # answer, or the client's retry would meet its 429 forever.
+    refusal = rate_limit_refusal(request, agent)
+    if refusal is not None:
+        return rate_limited_response(refusal)
+    # The token is good: only now is the body read.
+    if _body_over_limit(request):
+        return _too_large()
+    return None
 
 
 def _answer_from_key(row, key: str, fingerprint: str, locked: bool) -> HttpResponse | None:
