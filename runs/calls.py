@@ -65,7 +65,10 @@ def _lock_run_for_call(agent: Agent, run_id: Any, attempt: int) -> tuple[Run, An
     The attempt's id comes with the lock (one query fewer on the API's hot write
     path): that row existed before this request could name its number.
     """
-    attempt_id = Attempt.objects.filter(run=OuterRef("pk"), number=attempt).values("pk")[:1]
+    # order_by(): (run, number) is unique, and Attempt's default ordering would join
+    # the run again and sort, for one row.
+    same = Attempt.objects.filter(run_id=OuterRef("pk"), number=attempt).order_by()
+    attempt_id = same.values("pk")[:1]
     locked = Run.objects.select_for_update(of=("self",)).annotate(attempt_id=Subquery(attempt_id))
     try:
         run = locked.get(pk=run_id, agent=agent)
