@@ -109,6 +109,7 @@ def record_call(
     approval_ttl: int | None = None,
     timeout: int | None = None,
     now: datetime | None = None,
+    savepoint: bool = True,
 ) -> Recorded:
     """Record a tool call before it is made, and answer what to do (api.md, ``/calls``).
 
@@ -118,6 +119,8 @@ def record_call(
        new), or creates an unkeyed one.
     4. Other arguments become a version; what it does depends on the status.
     5. The status gives the action; a claimable effect is claimed here.
+
+    ``savepoint``: as ``transaction.atomic`` takes it (runs/outcomes.py says when False).
     """
     if kind == CallKind.READ and key is not None:
         raise InvalidRequest(
@@ -132,7 +135,7 @@ def record_call(
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
     digest = compute_args_hash(args)
-    with transaction.atomic():
+    with transaction.atomic(savepoint=savepoint):
         run, attempt_id = _lock_run_for_call(agent, run_id, attempt)
         call = Call(
             run=run,

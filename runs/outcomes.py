@@ -44,6 +44,15 @@ from runs.models import (
 
 # --- Claim, complete, reconcile -----------------------------------------------------
 
+# ``savepoint``: each rule here (and ``calls.record_call``) takes it as
+# ``transaction.atomic`` does. Inside a caller's transaction the default makes the
+# rule a savepoint: a rule that fails rolls back only its own writes, and the
+# caller (the console, a test) carries on. The API passes ``savepoint=False``
+# (runs/api/views.py): a keyed request's transaction is the rule's alone, and a
+# failure dooms it whole; the idempotency middleware then rolls it back and keeps
+# the error answer in a short transaction of its own (runs/api/idempotency.py).
+# Two statements fewer a request (SAVEPOINT, RELEASE SAVEPOINT).
+
 
 def _require_recorded_by(effect: Effect, run: Run) -> None:
     if not Call.objects.filter(run=run, effect=effect).exists():
@@ -53,12 +62,19 @@ def _require_recorded_by(effect: Effect, run: Run) -> None:
 
 
 def claim_effect(
-    agent: Agent, effect_id: Any, *, run_id: Any, attempt: int, now: datetime | None = None
+    agent: Agent,
+    effect_id: Any,
+    *,
+    run_id: Any,
+    attempt: int,
+    now: datetime | None = None,
+    savepoint: bool = True,
 ) -> tuple[Effect, str]:
-    """Claim a released effect for a running attempt that recorded a call to it."""
+    """Claim a released effect for a running attempt that recorded a call to it.
+    ``savepoint``: see above the rules."""
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
-    with transaction.atomic():
+    with transaction.atomic(savepoint=savepoint):
         run = lock_run(agent, run_id)
         require_current_and_running(run, attempt)  # the run's lock says it: no query
         effect = lock_effect(agent, effect_id)
@@ -80,18 +96,21 @@ def complete_effect(
     result: dict | None = None,
     error: str | None = None,
     now: datetime | None = None,
+    savepoint: bool = True,
 ) -> Effect:
     """Report what happened, from the attempt that holds the claim.
 
     Accepted after that attempt stopped (the effect is ``unknown``): the truth is
     recorded, never thrown away. A report that cannot apply is kept in the audit log
-    as ``late_report`` (operators see it) and answered ``claim_conflict``.
+    as ``late_report`` (operators see it) and answered ``claim_conflict``: the
+    error is raised after the transaction's block, so the report stays.
+    ``savepoint``: see above the rules.
     """
     if outcome not in ("done", "failed"):
         raise InvalidRequest("outcome must be done or failed.", {"fields": {"outcome": outcome}})
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
-    with transaction.atomic():
+    with transaction.atomic(savepoint=savepoint):
         run, effect = lock_run_and_effect(agent, run_id, effect_id)
         holder = effect.claimed_run_id == run.pk and effect.claimed_attempt == attempt
         report = {"outcome": outcome, "result": result, "error": error, "attempt": attempt}
@@ -169,15 +188,17 @@ def reconcile_effect(
     evidence: str,
     result: dict | None = None,
     now: datetime | None = None,
+    savepoint: bool = True,
 ) -> tuple[Effect, str]:
-    """Settle an ``unknown`` effect by the tool's own lookup at the provider."""
+    """Settle an ``unknown`` effect by the tool's own lookup at the provider.
+    ``savepoint``: see above the rules."""
     if outcome not in ("done", "not_done"):
         raise InvalidRequest("outcome must be done or not_done.", {"fields": {"outcome": outcome}})
     if not evidence:
         raise InvalidRequest("evidence is required.", {"fields": {"evidence": "required"}})
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
-    with transaction.atomic():
+    with transaction.atomic(savepoint=savepoint):
         run = lock_run(agent, run_id)
         require_current_and_running(run, attempt)  # the run's lock says it: no query
         effect = lock_effect(agent, effect_id)

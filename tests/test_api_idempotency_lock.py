@@ -121,9 +121,9 @@ def test_a_server_error_keeps_nothing_and_the_retry_runs(api, monkeypatch):
 def test_a_rule_that_fails_after_writing_rolls_the_request_back_and_keeps_its_answer(
     api, monkeypatch
 ):
-    """Inside the API's request transaction a rule's ``transaction.atomic()`` is a
-    savepoint: when the rule fails after writing, its writes roll back, and its
-    error is kept as the key's answer."""
+    """Inside the API's request transaction a rule takes no savepoint: when it fails
+    after writing, the request's transaction rolls back with its writes, and its
+    error is kept as the key's answer (in a short transaction of its own)."""
     from runs import outcomes
     from runs.errors import ClaimConflict
     from runs.models import AuditEvent

@@ -2,8 +2,8 @@
 its replay, and the approval poll (200 and 304).
 
 Each test lists the statements it allows, in order. The rule's own statements (the
-journal's writes, runs/calls.py) sit inside its ``transaction.atomic()``, a
-savepoint of the request's transaction; their budget is the rule's tests' to keep.
+journal's writes, runs/calls.py) run in the request's transaction, without a
+savepoint; their list is the rule's tests' to keep (tests/test_query_budgets_write.py).
 """
 
 from __future__ import annotations
@@ -35,21 +35,6 @@ def run_id(api) -> str:
     return api.post("/runs", {"run_key": "budget"}).body["run"]["id"]
 
 
-def _around_the_rule(sql: list[str]) -> list[str]:
-    """The statements outside the rule's savepoint, the savepoint standing as one."""
-    outside, depth = [], 0
-    for statement in sql:
-        if statement.startswith("SAVEPOINT"):
-            depth += 1
-            if depth == 1:
-                outside.append("<the rule>")
-        elif statement.startswith("RELEASE SAVEPOINT"):
-            depth -= 1
-        elif depth == 0:
-            outside.append(statement)
-    return outside
-
-
 def _shape(statement: str) -> str:
     for shape, says in (
         ("agent by token", '"runs_agent"."token_hash" = '),
@@ -63,25 +48,27 @@ def _shape(statement: str) -> str:
     return statement
 
 
-def test_a_keyed_post_is_four_statements_and_a_transaction_around_its_rule(api, run_id):
+def test_a_keyed_post_is_four_statements_around_its_rule_in_one_transaction(api, run_id):
     with CaptureQueriesContext(connection) as queries:
         recorded = api.post(f"/runs/{run_id}/calls", _CALL, headers={"Idempotency-Key": "k1"})
 
     assert recorded.status == 201
-    sql = [q["sql"] for q in queries]
-    assert [_shape(s) for s in _around_the_rule(sql)] == [
+    shapes = [_shape(q["sql"]) for q in queries]
+    rule = shapes[4:-2]  # between the key's answer and its keeping
+    assert shapes[:4] + ["<the rule>"] + shapes[-2:] == [
         "BEGIN",  # one transaction from the token on: one commit
         "agent by token",  # auth.agent_for_request, before the body is read
         "key's lock",  # pg_try_advisory_xact_lock
         "key's answer",  # read after the lock: sees a duplicate's committed answer
-        "<the rule>",  # SAVEPOINT, record_call's statements, RELEASE SAVEPOINT
+        "<the rule>",  # record_call's statements, in the request's transaction
         "keep the answer",  # in the work's transaction
         "COMMIT",
     ]
-    # The whole request today: the six above outside the rule, SAVEPOINT and RELEASE,
-    # and the rule's six (tests/test_query_budgets_write.py::test_record_of_a_new_key: lock the
-    # run, insert the effect, lock it, its events, the call, the argument version).
-    assert len(sql) <= 14
+    # The rule's six (tests/test_query_budgets_write.py::test_record_of_a_new_key: lock
+    # the run, insert the effect, lock it, its events, the call, the argument version),
+    # without a savepoint of its own: runs/outcomes.py, "savepoint".
+    assert len(rule) == 6
+    assert not any(s.startswith(("SAVEPOINT", "RELEASE SAVEPOINT")) for s in rule)
 
 
 def test_a_keyed_replay_reads_the_kept_answer_and_runs_nothing(api, run_id):

@@ -8,8 +8,8 @@ A middleware, so it sees every answer the API gives, validation errors included:
 2. The token (``agent_for_request``, the API's one token lookup) and the rate are
    checked before the body is read: a client without a valid token cannot hold a
    worker by sending a body slowly (docs/scaling.md, "The proxy").
-3. A keyed request runs in one transaction, from the token's lookup to its kept
-   answer (one commit), that takes the key's advisory lock before its work
+3. A ``POST`` runs in one transaction, from the token's lookup to its answer (one
+   commit). A keyed one takes the key's advisory lock in it before its work
    (PostgreSQL, ``pg_try_advisory_xact_lock``): a concurrent duplicate cannot
    take it and answers ``409 request_in_progress`` at once. The key's kept answer
    is read after the lock, in a statement of its own: its snapshot sees whatever a
@@ -18,16 +18,16 @@ A middleware, so it sees every answer the API gives, validation errors included:
    another request with that key is ``422 idempotency_key_reused``.
 5. Answers below 500 are kept in the same transaction as the work: a connection
    cut between the two can never leave work done without its answer (which a
-   retry would do again). A rule that fails has rolled its own writes back (its
-   ``transaction.atomic()`` is a savepoint in here), and its error is kept as the
-   answer. A 5xx rolls the work back and keeps nothing; so does a request that
-   died, and the lock goes with its transaction, so the key is free at once.
-   (Rows of the earlier design, claimed before the work, still count as in
-   progress until their 60-second lease lapses.)
+   retry would do again). A rule that fails dooms the request's transaction (the
+   API's rules take no savepoint): it is rolled back, and the error answer kept in
+   a short transaction of its own. A 5xx rolls the work back and keeps nothing;
+   so does a request that died, and the lock goes with its transaction, so the
+   key is free at once. (Rows of the earlier design, claimed before the work,
+   still count as in progress until their 60-second lease lapses.)
 
 On SQLite (the embedded default) a write transaction takes the whole database
 (``BEGIN IMMEDIATE``), so a duplicate waits for the first and gets its answer;
-a keyed POST takes it from its token's lookup on, its body's reading included.
+a POST takes it from its token's lookup on, its body's reading included.
 """
 
 from __future__ import annotations
@@ -103,49 +103,67 @@ class IdempotencyMiddleware:
             return unreadable
         if request.method not in BODY_METHODS:
             return self.get_response(request)  # the API's auth looks the token up
-        key = request.headers.get("Idempotency-Key")
-        if request.method != "POST" or key is None:
+        if request.method != "POST":
             return _refusal(request) or self.get_response(request)
-        # A keyed POST is one transaction from its first statement, the token's
-        # lookup, to its kept answer: one commit. The token is still checked before
-        # the body is read; a client with a valid token that sends its body slowly
-        # holds this transaction open meanwhile (before it held the request's
-        # transaction too: the body was read in it before the ORM rewrite).
+        # A POST is one transaction from its first statement, the token's lookup,
+        # to its answer (kept, for a key): one commit. The API's rules run in it
+        # without a savepoint of their own (runs/outcomes.py). The token is still
+        # checked before the body is read; a client with a valid token that sends
+        # its body slowly holds this transaction open meanwhile (before the ORM
+        # rewrite, the body was read inside the request's transaction too).
+        key = request.headers.get("Idempotency-Key")
         with transaction.atomic():
             refusal = _refusal(request)
             agent = agent_for_request(request)  # kept on the request: no second query
             if refusal is not None or agent is None:
                 return refusal or self.get_response(request)
-            return self._keyed(request, agent, key)
+            if key is None:
+                return self._work(request)
+            if not _valid_key(key):
+                return _invalid_key()
+            fingerprint = request_fingerprint(request.method, request.path, request.body)
+            row, answer = _lock_and_read(agent, key, fingerprint)
+            if answer is not None:
+                return answer
+            response = self._work(request)
+            keep = response.status_code < 500 and not getattr(response, "streaming", False)
+            if keep and not transaction.get_rollback():
+                _keep_answer(agent, key, request, fingerprint, row, response)
+                return response
+            transaction.set_rollback(True)  # _work did, but for a streaming answer
+        # Rolled back. After a 5xx nothing is kept: the retry runs it anew.
+        return _keep_apart(agent, key, request, fingerprint, response) if keep else response
 
-    def _keyed(self, request, agent: Agent, key: str):
-        """A keyed POST, in the transaction the caller opened (points 3 to 5 above)."""
-        if not _valid_key(key):
-            return error_response(
-                400,
-                "invalid_request",
-                "The Idempotency-Key header must be 1 to 255 printable characters.",
-                {"fields": {"Idempotency-Key": "1 to 255 printable characters"}},
-            )
-        fingerprint = request_fingerprint(request.method, request.path, request.body)
-        locked = lock_key(agent, key)
-        row = _kept(agent, key)
-        answer = _answer_from_key(row, key, fingerprint, locked)
+    def _work(self, request) -> HttpResponse:
+        """The view's answer; its work rolled back after a 5xx, or when a rule failed
+        (without a savepoint, a rule's failure dooms the request's transaction)."""
+        response = self.get_response(request)
+        if response.status_code >= 500 or transaction.get_rollback():
+            transaction.set_rollback(True)
+        return response
+
+
+def _keep_apart(agent: Agent, key: str, request, fingerprint: str, response: HttpResponse):
+    """Keep the answer of a rule that failed, in a short transaction of its own.
+
+    The API's rules take no savepoint (runs/outcomes.py says why): a rule that
+    fails dooms the request's transaction, which is rolled back with its writes.
+    The key's lock went with it, so a duplicate may have run meanwhile: then its
+    answer is the key's (or a 409 while it runs). Errors are rare."""
+    with transaction.atomic():
+        row, answer = _lock_and_read(agent, key, fingerprint)
         if answer is not None:
             return answer
-        response = self.get_response(request)
-        if (
-            response.status_code >= 500
-            or getattr(response, "streaming", False)
-            or transaction.get_rollback()
-        ):
-            # Nothing is kept and the work is rolled back: the retry runs it anew.
-            # (get_rollback: a failure inside an atomic block without a savepoint
-            # has doomed the transaction; none of the rules does that.)
-            transaction.set_rollback(True)
-            return response
         _keep_answer(agent, key, request, fingerprint, row, response)
-        return response
+    return response
+
+
+def _lock_and_read(agent: Agent, key: str, fingerprint: str):
+    """Take the key's lock, then read its row (a statement after the lock: see 3.
+    above): the row, and the answer from the key alone (None: the request runs)."""
+    locked = lock_key(agent, key)
+    row = _kept(agent, key)
+    return row, _answer_from_key(row, key, fingerprint, locked)
 
 
 def _refusal(request) -> HttpResponse | None:
@@ -262,6 +280,15 @@ def _body_over_limit(request) -> bool:
         return len(request.body) > MAX_BODY
     except RequestDataTooBig:
         return True
+
+
+def _invalid_key() -> HttpResponse:
+    return error_response(
+        400,
+        "invalid_request",
+        "The Idempotency-Key header must be 1 to 255 printable characters.",
+        {"fields": {"Idempotency-Key": "1 to 255 printable characters"}},
+    )
 
 
 def _too_large() -> HttpResponse:

@@ -4,6 +4,9 @@
 One auth class sets the agent; one place turns every failure into the contract's
 error body (``_error_handlers``); the endpoints are thin: validate (schemas), call a
 rule, serialise. Size limits and ``Idempotency-Key`` live in ``runs/api/idempotency.py``.
+The write rules run with ``savepoint=False``: the request's transaction is the
+rule's alone (runs/outcomes.py says why; the idempotency middleware rolls a failed
+keyed request back before it keeps the answer).
 """
 
 from __future__ import annotations
@@ -596,6 +599,7 @@ def record_call(request, run_id: UUID, payload: CallIn):
             tool=payload.tool,
             kind="read",
             args=payload.args,
+            savepoint=False,
         )
     else:
         if payload.key is not None and payload.key_source is None:
@@ -619,6 +623,7 @@ def record_call(request, run_id: UUID, payload: CallIn):
             preview=payload.preview or "",
             approval_ttl=payload.approval_ttl,
             timeout=payload.timeout,
+            savepoint=False,
         )
     return _hot_answer(
         request,
@@ -681,7 +686,11 @@ def claim(request, effect_id: UUID, payload: ClaimIn):
     attempt must be running (else `attempt_superseded`). A `pending`, `approved` or
     `failed` effect is claimed (`execute`); otherwise the current action is returned."""
     effect, action = outcomes.claim_effect(
-        _agent(request), effect_id, run_id=payload.run_id, attempt=payload.attempt
+        _agent(request),
+        effect_id,
+        run_id=payload.run_id,
+        attempt=payload.attempt,
+        savepoint=False,
     )
     return {"effect": effect_dict(effect), "action": action}
 
@@ -704,6 +713,7 @@ def complete(request, effect_id: UUID, payload: CompleteIn):
         outcome=payload.outcome,
         result=payload.result,
         error=payload.error,
+        savepoint=False,
     )
     return _hot_answer(request, 200, {"effect": effect_dict(effect)})
 
@@ -726,5 +736,6 @@ def reconcile(request, effect_id: UUID, payload: ReconcileIn):
         outcome=payload.outcome,
         evidence=payload.evidence,
         result=payload.result,
+        savepoint=False,
     )
     return {"effect": effect_dict(effect), "action": action}
