@@ -163,6 +163,29 @@ def test_a_rule_that_fails_after_writing_rolls_the_request_back_and_keeps_its_an
     assert Effect.objects.get(pk=effect_id).status == "in_flight"
 
 
+def test_a_rule_that_fails_after_writing_without_a_key_rolls_the_request_back(api, monkeypatch):
+    """Without a key too the rule runs in the request's transaction, without a
+    savepoint: its failure rolls the whole request back, and nothing is kept."""
+    from runs import calls
+    from runs.errors import KeyConflict
+
+    run = _start(api, "start").body["run"]
+    real_add_version = calls.add_version
+
+    def add_then_fail(*args, **kwargs):
+        real_add_version(*args, **kwargs)  # the effect, its events and the call written
+        raise KeyConflict("Failed after writing.", {"tool": "mail.send"})
+
+    monkeypatch.setattr(calls, "add_version", add_then_fail)
+    call = {"attempt": 1, "tool": "mail.send", "kind": "effect", "args": {"to": "a@example.com"}}
+    answer = api.post(f"/runs/{run['id']}/calls", call)
+
+    assert answer.status == 409 and answer.code == "key_conflict"
+    assert not Effect.objects.exists() and not Call.objects.exists()
+    assert not AuditEvent.objects.filter(verb__in=("recorded", "claimed")).exists()
+    assert IdempotentRequest.objects.filter(key="start").count() == 1  # the start's only
+
+
 _CALL = {
     "attempt": 1,
     "tool": "email.send",
