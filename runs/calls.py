@@ -120,7 +120,7 @@ def record_call(
     4. Other arguments become a version; what it does depends on the status.
     5. The status gives the action; a claimable effect is claimed here.
 
-    ``savepoint``: as ``transaction.atomic`` takes it (runs/outcomes.py says when False).
+    ``savepoint``: see runs/lifecycle.py's docstring.
     """
     if kind == CallKind.READ and key is not None:
         raise InvalidRequest(

@@ -11,6 +11,14 @@ the effect's ``revision`` (the poll's ETag).
 
 Called by the agent API (``runs/api/views.py``), the console (``approvals/``) and the
 sweep (``runs/sweep.py``).
+
+The rules the API calls take ``savepoint`` as ``transaction.atomic`` does. Inside a
+caller's transaction the default makes the rule a savepoint: a rule that fails rolls
+back only its own writes, and the caller (the console, a test) carries on. The API
+passes ``savepoint=False``: a ``POST``'s transaction is the rule's alone, and a
+failure dooms it whole; the idempotency middleware rolls it back, then keeps a keyed
+request's error answer in a short transaction of its own (runs/api/idempotency.py).
+That is two statements fewer a request (``SAVEPOINT``, ``RELEASE SAVEPOINT``).
 """
 
 from __future__ import annotations
@@ -430,6 +438,7 @@ def start_run(
     supersede: int | None = None,
     agent_version: str | None = None,
     now: datetime | None = None,
+    savepoint: bool = True,
 ) -> Started:
     """Start a run, or start it again (api.md, ``POST /runs``).
 
@@ -441,10 +450,12 @@ def start_run(
        attempt ends ``superseded`` and its in-flight effects become ``unknown``.
     4. The verdict (or a waiting override) decides whether attempt n+1 starts. A
        refusal commits what step 3 did, then raises ``restart_blocked``.
+
+    ``savepoint``: see the module's docstring.
     """
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
-    with transaction.atomic():
+    with transaction.atomic(savepoint=savepoint):
         same_run = Run.objects.filter(agent=agent, run_key=run_key)
         run = same_run.select_for_update().first()
         if run is None:
@@ -572,15 +583,17 @@ def finish_run(
     outcome: str,
     error: str | None = None,
     now: datetime | None = None,
+    savepoint: bool = True,
 ) -> Run:
-    """End the current attempt and the run as ``completed`` or ``failed``."""
+    """End the current attempt and the run as ``completed`` or ``failed``.
+    ``savepoint``: see the module's docstring."""
     if outcome not in (RunStatus.COMPLETED, RunStatus.FAILED):
         raise InvalidRequest(
             "outcome must be completed or failed.", {"fields": {"outcome": outcome}}
         )
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
-    with transaction.atomic():
+    with transaction.atomic(savepoint=savepoint):
         run = lock_run(agent, run_id)
         require_current_and_running(run, attempt)
         stop_runs([run], outcome, outcome, actor, now, error=error, note=error or "")

@@ -44,15 +44,6 @@ from runs.models import (
 
 # --- Claim, complete, reconcile -----------------------------------------------------
 
-# ``savepoint``: each rule here (and ``calls.record_call``) takes it as
-# ``transaction.atomic`` does. Inside a caller's transaction the default makes the
-# rule a savepoint: a rule that fails rolls back only its own writes, and the
-# caller (the console, a test) carries on. The API passes ``savepoint=False``
-# (runs/api/views.py): a keyed request's transaction is the rule's alone, and a
-# failure dooms it whole; the idempotency middleware then rolls it back and keeps
-# the error answer in a short transaction of its own (runs/api/idempotency.py).
-# Two statements fewer a request (SAVEPOINT, RELEASE SAVEPOINT).
-
 
 def _require_recorded_by(effect: Effect, run: Run) -> None:
     if not Call.objects.filter(run=run, effect=effect).exists():
@@ -71,7 +62,7 @@ def claim_effect(
     savepoint: bool = True,
 ) -> tuple[Effect, str]:
     """Claim a released effect for a running attempt that recorded a call to it.
-    ``savepoint``: see above the rules."""
+    ``savepoint``: see runs/lifecycle.py's docstring."""
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
     with transaction.atomic(savepoint=savepoint):
@@ -104,7 +95,7 @@ def complete_effect(
     recorded, never thrown away. A report that cannot apply is kept in the audit log
     as ``late_report`` (operators see it) and answered ``claim_conflict``: the
     error is raised after the transaction's block, so the report stays.
-    ``savepoint``: see above the rules.
+    ``savepoint``: see runs/lifecycle.py's docstring.
     """
     if outcome not in ("done", "failed"):
         raise InvalidRequest("outcome must be done or failed.", {"fields": {"outcome": outcome}})
@@ -191,7 +182,7 @@ def reconcile_effect(
     savepoint: bool = True,
 ) -> tuple[Effect, str]:
     """Settle an ``unknown`` effect by the tool's own lookup at the provider.
-    ``savepoint``: see above the rules."""
+    ``savepoint``: see runs/lifecycle.py's docstring."""
     if outcome not in ("done", "not_done"):
         raise InvalidRequest("outcome must be done or not_done.", {"fields": {"outcome": outcome}})
     if not evidence:

@@ -4,9 +4,9 @@
 One auth class sets the agent; one place turns every failure into the contract's
 error body (``_error_handlers``); the endpoints are thin: validate (schemas), call a
 rule, serialise. Size limits and ``Idempotency-Key`` live in ``runs/api/idempotency.py``.
-The write rules run with ``savepoint=False``: the request's transaction is the
-rule's alone (runs/outcomes.py says why; the idempotency middleware rolls a failed
-keyed request back before it keeps the answer).
+The rules run with ``savepoint=False``: a ``POST``'s transaction is the rule's
+alone (runs/lifecycle.py says why; the idempotency middleware rolls a failed one
+back).
 """
 
 from __future__ import annotations
@@ -513,6 +513,7 @@ def start_run(request, payload: StartIn):
         restart_url=payload.restart_url,
         supersede=payload.supersede,
         agent_version=payload.agent_version,
+        savepoint=False,
     )
     return Status(201 if started.created else 200, _whole_run(started.run, started.attempt))
 
@@ -573,6 +574,7 @@ def finish(request, run_id: UUID, payload: FinishIn):
         attempt=payload.attempt,
         outcome=payload.outcome,
         error=payload.error,
+        savepoint=False,
     )
     return {"run": run_dict(run)}
 
