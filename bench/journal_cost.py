@@ -43,16 +43,17 @@ def _counters(cursor) -> dict[str, int]:
     return dict(zip(COUNTERS, cursor.fetchone(), strict=True))
 
 
-def main() -> None:
-    pairs = int(sys.argv[1]) if len(sys.argv) > 1 else 50
-    # As make bench serves it: production settings, one token, no broker.
+def production_setup(name: str) -> str:
+    """Django as make bench serves it (production settings, no broker, no rate to
+    speak of) on a fresh, migrated database at DATABASE_URL; returns the token of a
+    new agent called ``name``. bench/poll_cost.py starts the same way."""
     os.environ.update(
         DJANGO_SETTINGS_MODULE="startsafe.settings",
         DEBUG="0",
         SECRET_KEY="bench-" + uuid.uuid4().hex * 2,
         ALLOWED_HOSTS="testserver",
         STARTSAFE_RATE_LIMIT="1000000000/minute",
-        STARTSAFE_VAR_DIR=tempfile.mkdtemp(prefix="startsafe-cost-"),
+        STARTSAFE_VAR_DIR=tempfile.mkdtemp(prefix=f"startsafe-{name}-"),
         CELERY_BROKER_URL="memory://",
         LOG_LEVEL="WARNING",
     )
@@ -61,16 +62,23 @@ def main() -> None:
     recreate_database(os.environ["DATABASE_URL"])
     django.setup()
     from django.core.management import call_command
-    from django.db import connection
-    from django.test import Client
-    from django.test.utils import CaptureQueriesContext
 
     from runs.models import Agent
 
     call_command("migrate", verbosity=0)
-    agent = Agent(name="cost-bench")
+    agent = Agent(name=name)
     token = agent.set_new_token()
     agent.save()
+    return token
+
+
+def main() -> None:
+    pairs = int(sys.argv[1]) if len(sys.argv) > 1 else 50
+    token = production_setup("cost-bench")
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
     client = Client()
 
     def post(path: str, body: dict, status: int) -> dict:
@@ -139,10 +147,17 @@ def main() -> None:
         f" deleted {result['tup_deleted']:.2f}\n"
         f"  this process's CPU {result['cpu_ms']:.2f} ms, wall {result['wall_ms']:.2f} ms"
     )
-    print("BENCH_JSON " + json.dumps(result))
-    connection.close()
+    finish(result)
+
+
+def finish(result: dict) -> None:
+    """Print the machine-readable line and drop the database (bench/poll_cost.py too)."""
+    from django.db import connection
+
     from bench.run import drop_database
 
+    print("BENCH_JSON " + json.dumps(result))
+    connection.close()
     drop_database(os.environ["DATABASE_URL"])
 
 

@@ -262,6 +262,30 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def say_why_it_stopped(stopped: Exception, ticket_id: str) -> int:
+    """What a run that did not complete means to the person at the terminal, printed,
+    and the command's exit code. Every example ends this way; any other exception
+    is a framework's "a person must decide" (NeedsPerson)."""
+    if isinstance(stopped, RunFinished):
+        print(f"{ticket_id} is already answered: its run is finished.")
+        return 0
+    if isinstance(stopped, NotPerformed):
+        print(f"not performed: {stopped}. Nothing was sent; run this command again.")
+        return NOT_PERFORMED_EXIT
+    if isinstance(stopped, AlreadyRunning):
+        print(
+            f"attempt {stopped.attempt} of {ticket_id} is still running (heartbeat at "
+            f"{stopped.heartbeat_at}). If you know that process died, run again with --supersede."
+        )
+        return ALREADY_RUNNING_EXIT
+    if isinstance(stopped, RestartBlocked):
+        reasons = "; ".join(b.get("message", "") for b in stopped.verdict.get("blocking", []))
+        print(f"restart blocked: {reasons}. An operator may allow it in the console.")
+        return RESTART_BLOCKED_EXIT
+    print(f"{stopped}\nDecide in the console, then run this command again.")
+    return NEEDS_PERSON_EXIT
+
+
 def main(argv: list[str] | None = None) -> int:
     options = parse(argv)
     try:
@@ -294,25 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             waiting = answer_ticket(run, tools, ticket, llm, options.think)
             if waiting:
                 raise NeedsPerson("waiting for a person: " + "; ".join(waiting))
-    except NeedsPerson as stop:
-        print(f"{stop}\nDecide in the console, then run this command again.")
-        return NEEDS_PERSON_EXIT
-    except NotPerformed as refused:
-        print(f"not performed: {refused}. Nothing was sent; run this command again.")
-        return NOT_PERFORMED_EXIT
-    except AlreadyRunning as running:
-        print(
-            f"attempt {running.attempt} of {ticket.ticket_id} is still running (heartbeat at "
-            f"{running.heartbeat_at}). If you know that process died, run again with --supersede."
-        )
-        return ALREADY_RUNNING_EXIT
-    except RestartBlocked as blocked:
-        reasons = "; ".join(b.get("message", "") for b in blocked.verdict.get("blocking", []))
-        print(f"restart blocked: {reasons}. An operator may allow it in the console.")
-        return RESTART_BLOCKED_EXIT
-    except RunFinished:
-        print(f"{ticket.ticket_id} is already answered: its run is finished.")
-        return 0
+    except (NeedsPerson, NotPerformed, AlreadyRunning, RestartBlocked, RunFinished) as stopped:
+        return say_why_it_stopped(stopped, ticket.ticket_id)
     finally:
         client.close()
     print(f"{ticket.ticket_id} answered: run completed.")

@@ -8,6 +8,8 @@ savepoint; their list is the rule's tests' to keep (tests/test_query_budgets_wri
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -37,11 +39,12 @@ def run_id(api) -> str:
 
 def _shape(statement: str) -> str:
     for shape, says in (
+        # First: the poll's statement holds the token rule's condition too.
+        ("the token's agent and its effect", "LEFT JOIN runs_effect e ON "),
         ("agent by token", '"runs_agent"."token_hash" = '),
         ("key's lock", "SELECT pg_try_advisory_xact_lock("),
         ("key's answer", 'FROM "runs_idempotentrequest" WHERE'),
         ("keep the answer", 'INSERT INTO "runs_idempotentrequest"'),
-        ("effect by id and agent", "FROM runs_effect WHERE id = "),
     ):
         if says in statement:
             return shape
@@ -87,17 +90,27 @@ def test_a_keyed_replay_reads_the_kept_answer_and_runs_nothing(api, run_id):
     ]
 
 
-def test_the_poll_is_the_token_and_the_effect(api, run_id):
+def test_the_poll_is_one_statement_for_the_token_and_the_effect(api, run_id):
     effect_id = api.post(f"/runs/{run_id}/calls", _CALL).body["effect"]["id"]
 
     with CaptureQueriesContext(connection) as queries:
         polled = api.get(f"/effects/{effect_id}")
     with CaptureQueriesContext(connection) as unchanged:
         not_modified = api.get(f"/effects/{effect_id}", {"If-None-Match": polled.headers["ETag"]})
+    with CaptureQueriesContext(connection) as missing:
+        not_found = api.get(f"/effects/{uuid.uuid4()}")
+    with CaptureQueriesContext(connection) as stranger:
+        unauthorized = Api("no-such-token").get(f"/effects/{effect_id}")
 
-    assert polled.status == 200 and not_modified.status == 304
-    for captured in (queries, unchanged):
+    assert [polled.status, not_modified.status, not_found.status, unauthorized.status] == [
+        200,
+        304,
+        404,
+        401,
+    ]
+    for captured in (queries, unchanged, missing, stranger):
         assert [_shape(q["sql"]) for q in captured] == [
-            "agent by token",  # AgentToken.authenticate -> agent_for_request
-            "effect by id and agent",  # api_poll.POLL_SQL, the read-only fast path
+            # poll.poll_sql(), the read-only fast path: the agent by the token rule
+            # (auth.agents_by_token_hash) LEFT JOIN its effect by primary key
+            "the token's agent and its effect",
         ]

@@ -364,3 +364,31 @@ def test_the_openapi_schema_documents_429(client):
     for item in schema["paths"].values():
         for operation in item.values():
             assert "429" in operation["responses"]
+
+
+@pytest.mark.django_db
+def test_the_poll_counts_for_the_rate_as_every_request_does(agent, other_agent):
+    # The poll authenticates in its own statement (runs/api/poll.py): its 200, 304 and
+    # 404 count for the token, a malformed id too; a wrong token's 401 counts for none.
+    api = Api(agent.token)
+    run_id = api.start("t").body["run"]["id"]
+    recorded = api.call(run_id, tool="crm.note", key="n-1", key_source="intent")
+    effect_id = recorded.body["effect"]["id"]
+    with _limited("5/minute"), time_machine.travel("2026-03-01 12:00:10Z", tick=False):
+        etag = api.get(f"/effects/{effect_id}").headers["ETag"]
+        counted = [
+            api.get(f"/effects/{effect_id}", {"If-None-Match": etag}).status,
+            api.get("/effects/01a2431b-288a-7e30-9748-82ee8f9ec007").status,
+            api.get("/effects/not-an-id").status,
+            api.get("/runs").status,
+        ]
+        assert counted == [304, 404, 404, 200]
+        unauthorized = Api("ss_wrong").get(f"/effects/{effect_id}")
+        assert unauthorized.status == 401
+        assert unauthorized.headers["WWW-Authenticate"] == 'Bearer realm="startsafe"'
+
+        answer = api.get(f"/effects/{effect_id}")
+
+        assert answer.status == 429 and answer.headers["Retry-After"] == "50"
+        assert api.get("/effects/not-an-id").status == 429
+        assert Api(other_agent.token).get(f"/effects/{effect_id}").status == 404

@@ -236,21 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(answer_async(options, ticket, config))
         else:
             answer_sync(options, ticket, config)
-    except NeedsPerson as stop:
-        print(f"{stop}\nDecide in the console, then run this command again.")
-        return plain.NEEDS_PERSON_EXIT
-    except NotPerformed as refused:
-        print(f"not performed: {refused}. Nothing was sent; run this command again.")
-        return plain.NOT_PERFORMED_EXIT
-    except AlreadyRunning as running:
-        print(f"{running.message}. If you know that process died, run again with --supersede.")
-        return plain.ALREADY_RUNNING_EXIT
-    except RestartBlocked as blocked:
-        print(f"restart blocked: {blocked.message}. An operator may allow it in the console.")
-        return plain.RESTART_BLOCKED_EXIT
-    except RunFinished:
-        print(f"{ticket.ticket_id} is already answered: its run is finished.")
-        return 0
+    except (NeedsPerson, NotPerformed, AlreadyRunning, RestartBlocked, RunFinished) as stopped:
+        return plain.say_why_it_stopped(stopped, ticket.ticket_id)
     print(f"{ticket.ticket_id} answered: run completed.")
     return 0
 

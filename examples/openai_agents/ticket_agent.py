@@ -52,13 +52,11 @@ from fake_llm import FakeLLM, Ticket, ticket_for  # noqa: E402
 from kill_points import KillAt, parse_kill_point  # noqa: E402
 from startsafe_client.openai_agents import JournaledTools, journaled  # noqa: E402
 from support_agent import (  # noqa: E402
-    ALREADY_RUNNING_EXIT,
-    NEEDS_PERSON_EXIT,
-    RESTART_BLOCKED_EXIT,
     Crasher,
     NeedsPerson,
     declare_tools,
     say_waiting,
+    say_why_it_stopped,
 )
 
 from startsafe_client import (  # noqa: E402
@@ -66,6 +64,7 @@ from startsafe_client import (  # noqa: E402
     AsyncClient,
     AsyncRun,
     Client,
+    NotPerformed,
     RestartBlocked,
     Run,
     RunFinished,
@@ -217,19 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(answer_async(client, options, ticket))
         else:
             answer_sync(client, options, ticket)
-    except NeedsPerson as stop:
-        print(f"{stop}\nDecide in the console, then run this command again.")
-        return NEEDS_PERSON_EXIT
-    except AlreadyRunning as running:
-        print(f"attempt {running.attempt} is still running; if it died, run with --supersede.")
-        return ALREADY_RUNNING_EXIT
-    except RestartBlocked as blocked:
-        reasons = "; ".join(b.get("message", "") for b in blocked.verdict.get("blocking", []))
-        print(f"restart blocked: {reasons}. An operator may allow it in the console.")
-        return RESTART_BLOCKED_EXIT
-    except RunFinished:
-        print(f"{ticket.ticket_id} is already answered: its run is finished.")
-        return 0
+    except (NeedsPerson, NotPerformed, AlreadyRunning, RestartBlocked, RunFinished) as stopped:
+        return say_why_it_stopped(stopped, ticket.ticket_id)
     print(f"{ticket.ticket_id} answered: run completed.")
     return 0
 

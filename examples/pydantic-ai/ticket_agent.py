@@ -219,22 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(answer_async(client, options, ticket))
         else:
             answer_sync(client, options, ticket)
-    except base.NeedsPerson as stop:
-        print(f"{stop}\nDecide in the console, then run this command again.")
-        return base.NEEDS_PERSON_EXIT
-    except NotPerformed as refused:
-        print(f"not performed: {refused}. Nothing was sent; run this command again.")
-        return base.NOT_PERFORMED_EXIT
-    except AlreadyRunning as running:
-        print(f"{running.message}. If you know that process died, run again with --supersede.")
-        return base.ALREADY_RUNNING_EXIT
-    except RestartBlocked as blocked:
-        reasons = "; ".join(b.get("message", "") for b in blocked.verdict.get("blocking", []))
-        print(f"restart blocked: {reasons}. An operator may allow it in the console.")
-        return base.RESTART_BLOCKED_EXIT
-    except RunFinished:
-        print(f"{ticket.ticket_id} is already answered: its run is finished.")
-        return 0
+    except (base.NeedsPerson, NotPerformed, AlreadyRunning, RestartBlocked, RunFinished) as stopped:
+        return base.say_why_it_stopped(stopped, ticket.ticket_id)
     print(f"{ticket.ticket_id} answered: run completed.")
     return 0
 

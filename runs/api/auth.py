@@ -1,15 +1,20 @@
 """Bearer-token authentication of agents, and the contract's error body.
 
-``agent_for_request`` is the one token lookup. The API's auth class (``AgentToken``
-in runs/api/views.py, django-ninja's ``HttpBearer``) returns its agent for every endpoint,
-the poll included; the idempotency middleware (runs/api/idempotency.py) calls it first
-for a request with a body, so that a client without a valid token cannot make it
-read one. The first call asks the database (one indexed query: ``token_hash`` is
-unique) and the answer is kept on the request, so a request asks once.
+The API's one token rule: a request's agent is the active agent whose token hash
+the request's token has (``token_hash_of`` and ``agents_by_token_hash``; one indexed
+lookup, ``token_hash`` is unique; ``confirmed`` checks the agent found in constant
+time). ``agent_for_request`` applies it for every
+endpoint but the poll: the API's auth class (``AgentToken`` in runs/api/views.py,
+django-ninja's ``HttpBearer``) and the idempotency middleware
+(runs/api/idempotency.py), which calls it first for a request with a body, so that a
+client without a valid token cannot make it read one; the answer is kept on the
+request, so a request asks once. The approval poll (runs/api/poll.py) joins its
+effect to the same rule's agent: token and effect in one statement.
 """
 
 from __future__ import annotations
 
+from django.db.models import QuerySet
 from django.http import HttpRequest, JsonResponse
 
 from runs.models import Agent, hash_token
@@ -25,24 +30,42 @@ def bearer_token(request: HttpRequest) -> str | None:
     return token.strip()
 
 
+def token_hash_of(token: str | None) -> str | None:
+    """The hash an agent's token is found by, or None for a token no agent can have."""
+    if token is None or len(token) > 200 or not token.isprintable():
+        return None
+    return hash_token(token)
+
+
+def agents_by_token_hash(digest: str) -> QuerySet[Agent]:
+    """The active agent whose token hash this is: at most one (``token_hash`` is
+    unique). Confirm the one found with ``confirmed``."""
+    return Agent.objects.filter(token_hash=digest, is_active=True)
+
+
+def confirmed(agent: Agent | None, token: str) -> Agent | None:
+    """The agent found by the token's hash if it is the token's, else None. The index
+    compared the hashes (which tells nothing useful about a token, a SHA-256 of it);
+    ``token_matches`` checks again in constant time."""
+    return agent if agent is not None and agent.token_matches(token) else None
+
+
 def agent_for_request(request: HttpRequest) -> Agent | None:
-    """The active agent whose token the request carries, or None (one query, kept)."""
+    """The agent of the request's bearer token, or None (one query, kept)."""
     found = getattr(request, "_startsafe_agent", _UNSET)
     if found is _UNSET:
-        found = request._startsafe_agent = _agent_for_token(bearer_token(request))
+        found = request._startsafe_agent = _agent_of(bearer_token(request))
     return found
 
 
-def _agent_for_token(token: str | None) -> Agent | None:
-    if token is None or len(token) > 200 or not token.isprintable():
+def _agent_of(token: str | None) -> Agent | None:
+    digest = token_hash_of(token)
+    if digest is None:
         return None
-    # The lookup is by a SHA-256 of the token: comparing hashes leaks nothing
-    # useful about the token, and token_matches() double-checks in constant time.
     try:
-        agent = Agent.objects.get(token_hash=hash_token(token), is_active=True)
+        return confirmed(agents_by_token_hash(digest).get(), token)
     except Agent.DoesNotExist:
         return None
-    return agent if agent.token_matches(token) else None
 
 
 def error_response(
@@ -54,6 +77,13 @@ def error_response(
     if status == 401:
         response["WWW-Authenticate"] = 'Bearer realm="startsafe"'
     return response
+
+
+def unauthorized_response() -> JsonResponse:
+    """The 401 of the API: no token, or none of an active agent."""
+    return error_response(
+        401, "unauthorized", "A valid bearer token of an active agent is required."
+    )
 
 
 def internal_error_response() -> JsonResponse:

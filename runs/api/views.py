@@ -26,7 +26,12 @@ from ninja.parser import Parser
 from ninja.security import HttpBearer
 
 from runs import calls, lifecycle, outcomes
-from runs.api.auth import agent_for_request, error_response, internal_error_response
+from runs.api.auth import (
+    agent_for_request,
+    error_response,
+    internal_error_response,
+    unauthorized_response,
+)
 from runs.api.poll import poll_response
 from runs.api.ratelimit import RateLimited, rate_limit_refusal, rate_limited_response
 from runs.api.render import ORJSONRenderer
@@ -218,6 +223,16 @@ def _fields_of(errors: list[dict], body: object = None) -> dict[str, str]:
 def _validation_error(request, exc: ValidationError):
     errors = list(exc.errors)
     if any(str(e.get("loc", ("",))[0]) == "path" for e in errors):
+        # The poll authenticates in its own statement, after validation: a malformed
+        # id without an agent's token is still 401, and with one it is counted for the
+        # rate as a poll is (for the other endpoints the auth class asked both before
+        # validation: these are its kept answers).
+        agent = agent_for_request(request)
+        if agent is None:
+            return unauthorized_response()
+        refusal = rate_limit_refusal(request, agent)
+        if refusal is not None:
+            return rate_limited_response(refusal)
         # A malformed id names no object, exactly like an unknown one.
         return error_response(404, "not_found", "No such object for this agent.")
     body = _request_json(request) if request.method == "POST" else None
@@ -240,9 +255,7 @@ def _validation_error(request, exc: ValidationError):
 
 @api.exception_handler(AuthenticationError)
 def _unauthorized(request, exc):
-    return error_response(
-        401, "unauthorized", "A valid bearer token of an active agent is required."
-    )
+    return unauthorized_response()
 
 
 @api.exception_handler(RateLimited)
@@ -646,9 +659,13 @@ def record_call(request, run_id: UUID, payload: CallIn):
     response={200: EffectActionOut, 304: None, **ERRORS},
     summary="The approval poll",
     tags=["effects"],
+    # The poll authenticates itself: the token and the effect are one statement
+    # (runs/api/poll.py). The schema still shows the bearer token it requires.
+    auth=None,
+    openapi_extra={"security": [{"AgentToken": []}]},
 )
 def poll_effect(request, effect_id: UUID):
-    """Indexed lookups only, no writes. The action is `claim`, `skip`, `wait`, `review` or
+    """One indexed lookup, no writes. The action is `claim`, `skip`, `wait`, `review` or
     `blocked` (never `execute`). Send the `ETag` back as `If-None-Match` to get `304`
     with no body while nothing changed."""
     return poll_response(request, effect_id)
