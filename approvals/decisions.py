@@ -112,17 +112,6 @@ def _lock_effect(effect_id: Any) -> Effect:
     return effect
 
 
-def _decision(verb: str, actor: Actor, now: datetime, note: str, digest: str, final: bool = False):
-    return {
-        "verb": verb,
-        "by": actor.label,
-        "at": now.isoformat(),
-        "note": note,
-        "args_hash": digest,
-        "final": final,
-    }
-
-
 def _decide_effect(effect_id: Any, user, args_hash: str, action: str, now: datetime, decide):
     """Lock the effect, check expiry, status and hash, then apply ``decide``.
 
@@ -220,7 +209,7 @@ def approve_effect(
             {"by": actor.label, "at": now.isoformat(), "note": note, "args_hash": effect.args_hash},
         ]
         if len(effect.current_approvals) >= effect.approvals_required:
-            effect.decision = _decision("approved", actor, now, note, effect.args_hash)
+            effect.decide("approved", actor.label, now, note)
             save_effect(effect, actor, "approved", now, status=EffectStatus.APPROVED, note=note)
         else:
             save_effect(
@@ -252,7 +241,7 @@ def reject_effect(
     note = _require_note(note)
 
     def decide(effect: Effect, actor: Actor) -> None:
-        effect.decision = _decision("rejected", actor, now, note, effect.args_hash, final)
+        effect.decide("rejected", actor.label, now, note, final=final)
         save_effect(
             effect,
             actor,
@@ -280,7 +269,7 @@ def mark_effect_done(
     note = _require_note(note)
 
     def decide(effect: Effect, actor: Actor) -> None:
-        effect.decision = _decision("marked_done", actor, now, note, effect.args_hash)
+        effect.decide("marked_done", actor.label, now, note)
         if result is not None:
             effect.result = result
         # Done is the outcome now; the failure a failed effect had stays in its
@@ -308,7 +297,7 @@ def release_effect(
     note = _require_note(note)
 
     def decide(effect: Effect, actor: Actor) -> None:
-        effect.decision = _decision("released", actor, now, note, effect.args_hash)
+        effect.decide("released", actor.label, now, note)
         clear_claim(effect)
         save_effect(effect, actor, "released", now, status=released_status(effect), note=note)
 

@@ -338,18 +338,6 @@ def _restore_from_tombstone(tombstone: KeyTombstone, run: Run, now: datetime) ->
     status = RESTORED_STATUSES.get(tombstone.status)
     if status is None:
         return None
-    decision = None
-    if status in (EffectStatus.REJECTED, EffectStatus.EXPIRED):
-        # A pruned refusal stays a refusal: whether it was final is not kept, so it
-        # is taken as final for a rejection (never performed without a person).
-        decision = {
-            "verb": "rejected" if status == EffectStatus.REJECTED else "expired",
-            "by": "system",
-            "at": tombstone.pruned_at.isoformat(),
-            "note": "Restored from the key's tombstone after its run was pruned.",
-            "args_hash": tombstone.args_hash,
-            "final": status == EffectStatus.REJECTED,
-        }
     args = tombstone.args if tombstone.args is not None else {}
     effect = Effect(
         agent_id=tombstone.agent_id,
@@ -364,10 +352,19 @@ def _restore_from_tombstone(tombstone: KeyTombstone, run: Run, now: datetime) ->
         args_hash=tombstone.args_hash,
         args_versions=1,
         result=tombstone.result,
-        decision=decision,
         created_at=now,
         updated_at=now,
     )
+    if status in (EffectStatus.REJECTED, EffectStatus.EXPIRED):
+        # A pruned refusal stays a refusal: whether it was final is not kept, so it
+        # is taken as final for a rejection (never performed without a person).
+        effect.decide(
+            "rejected" if status == EffectStatus.REJECTED else "expired",
+            "system",
+            tombstone.pruned_at,
+            "Restored from the key's tombstone after its run was pruned.",
+            final=status == EffectStatus.REJECTED,
+        )
     same_key = Effect.objects.filter(agent_id=tombstone.agent_id, key=tombstone.key)
     effect, created = insert_or_lock_winner(effect, same_key)
     if not created:

@@ -216,14 +216,7 @@ def expire_if_past_deadline(effect: Effect, now: datetime) -> bool:
     """
     if not is_past_deadline(effect, now):
         return False
-    effect.decision = {
-        "verb": "expired",
-        "by": "system",
-        "at": now.isoformat(),
-        "note": "No decision before the deadline.",
-        "args_hash": effect.args_hash,
-        "final": False,
-    }
+    effect.decide("expired", "system", now, "No decision before the deadline.")
     save_effect(effect, SYSTEM, "expired", now, status=EffectStatus.EXPIRED)
     return True
 

@@ -379,6 +379,19 @@ class Effect(models.Model):
     def __str__(self) -> str:
         return f"{self.tool} {self.key or self.id}"
 
+    def decide(self, verb: str, by: str, at, note: str = "", *, final: bool = False) -> None:
+        """Set ``decision``, the latest decision on the effect, in its one shape (api.md,
+        Effect): ``by`` a person's username, ``agent:<name>`` or ``system``; it names
+        the arguments decided on by their hash. Saving it is the caller's."""
+        self.decision = {
+            "verb": verb,
+            "by": by,
+            "at": at.isoformat(),
+            "note": note,
+            "args_hash": self.args_hash,
+            "final": final,
+        }
+
     @property
     def claimed_by(self) -> dict | None:
         # Reads two columns only: the poll's EffectRow gives them too (runs/api/serialize.py).

@@ -52,6 +52,16 @@ def _require_recorded_by(effect: Effect, run: Run) -> None:
         )
 
 
+def _lock_for_the_attempt(agent: Agent, run_id: Any, attempt: int, effect_id: Any):
+    """The run and the effect, locked (run first), for a running attempt of a run that
+    recorded a call to the effect: what a claim and a reconcile both require."""
+    run = lock_run(agent, run_id)
+    require_current_and_running(run, attempt)  # the run's lock says it: no query
+    effect = lock_effect(agent, effect_id)
+    _require_recorded_by(effect, run)
+    return run, effect
+
+
 def claim_effect(
     agent: Agent,
     effect_id: Any,
@@ -66,10 +76,7 @@ def claim_effect(
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
     with transaction.atomic(savepoint=savepoint):
-        run = lock_run(agent, run_id)
-        require_current_and_running(run, attempt)  # the run's lock says it: no query
-        effect = lock_effect(agent, effect_id)
-        _require_recorded_by(effect, run)
+        run, effect = _lock_for_the_attempt(agent, run_id, attempt, effect_id)
         expire_if_past_deadline(effect, now)
         if effect.status in CLAIMABLE_STATUSES:
             claim_for(effect, run, attempt, actor, now)
@@ -190,23 +197,13 @@ def reconcile_effect(
     now = now or timezone.now()
     actor = Actor.for_agent(agent)
     with transaction.atomic(savepoint=savepoint):
-        run = lock_run(agent, run_id)
-        require_current_and_running(run, attempt)  # the run's lock says it: no query
-        effect = lock_effect(agent, effect_id)
-        _require_recorded_by(effect, run)
+        run, effect = _lock_for_the_attempt(agent, run_id, attempt, effect_id)
         if effect.status != EffectStatus.UNKNOWN:
             raise ClaimConflict(
                 "Only an effect whose outcome is unknown can be reconciled.",
                 {"status": effect.status},
             )
-        effect.decision = {
-            "verb": "reconciled",
-            "by": agent.label,
-            "at": now.isoformat(),
-            "note": evidence,
-            "args_hash": effect.args_hash,
-            "final": False,
-        }
+        effect.decide("reconciled", agent.label, now, evidence)
         if outcome == "done":
             effect.result = result
             new_status = EffectStatus.DONE
