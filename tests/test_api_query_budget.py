@@ -59,8 +59,8 @@ def test_a_keyed_post_is_four_statements_around_its_rule_in_one_transaction(api,
     shapes = [_shape(q["sql"]) for q in queries]
     rule = shapes[4:-2]  # between the key's answer and its keeping
     assert shapes[:4] + ["<the rule>"] + shapes[-2:] == [
-        "BEGIN",  # one transaction from the token on: one commit
-        "agent by token",  # auth.agent_for_request, before the body is read
+        "agent by token",  # auth.agent_for_request, before the body is read, alone
+        "BEGIN",  # then one transaction from the key's lock on: one commit
         "key's lock",  # pg_try_advisory_xact_lock
         "key's answer",  # read after the lock: sees a duplicate's committed answer
         "<the rule>",  # record_call's statements, in the request's transaction
@@ -82,8 +82,8 @@ def test_a_keyed_replay_reads_the_kept_answer_and_runs_nothing(api, run_id):
 
     assert again.headers["Idempotent-Replayed"] == "true"
     assert [_shape(q["sql"]) for q in queries] == [
-        "BEGIN",
         "agent by token",
+        "BEGIN",
         "key's lock",
         "key's answer",
         "COMMIT",
@@ -114,3 +114,23 @@ def test_the_poll_is_one_statement_for_the_token_and_the_effect(api, run_id):
             # (auth.agents_by_token_hash) LEFT JOIN its effect by primary key
             "the token's agent and its effect",
         ]
+
+
+def test_a_post_reads_its_body_outside_any_transaction(api, run_id, monkeypatch):
+    # A slow body must hold no transaction open (on SQLite: the one write lock). The
+    # body is first read by the body-size check, after the token: no transaction yet.
+    from django.db import transaction
+
+    from runs.api import idempotency
+
+    seen = []
+    original = idempotency._body_over_limit
+
+    def watched(request):
+        seen.append(transaction.get_connection().in_atomic_block)
+        return original(request)
+
+    monkeypatch.setattr(idempotency, "_body_over_limit", watched)
+    for headers in ({}, {"Idempotency-Key": "k-body"}):
+        assert api.post(f"/runs/{run_id}/calls", _CALL, headers=headers).status == 201
+    assert seen == [False, False]

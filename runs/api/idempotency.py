@@ -105,23 +105,24 @@ class IdempotencyMiddleware:
             return self.get_response(request)  # the API's auth looks the token up
         if request.method != "POST":
             return _refusal(request) or self.get_response(request)
-        # A POST is one transaction from its first statement, the token's lookup,
-        # to its answer (kept, for a key): one commit. The API's rules run in it
-        # without a savepoint of their own (runs/outcomes.py). The token is still
-        # checked before the body is read; a client with a valid token that sends
-        # its body slowly holds this transaction open meanwhile (before the ORM
-        # rewrite, the body was read inside the request's transaction too).
+        # The token, the rate and the body come first, outside any transaction: a
+        # client sending its body slowly holds no transaction open (on SQLite, the
+        # embedded default, that would be the database's one write lock). The token's
+        # lookup is a read-only transaction of its own, which writes no WAL. Then the
+        # POST is one transaction from the key's lock to its answer (kept, for a
+        # key): one commit. The API's rules run in it without a savepoint of their
+        # own (runs/outcomes.py).
+        refusal = _refusal(request)
+        agent = agent_for_request(request)  # kept on the request: no second query
+        if refusal is not None or agent is None:
+            return refusal or self.get_response(request)
         key = request.headers.get("Idempotency-Key")
+        if key is not None and not _valid_key(key):
+            return _invalid_key()
+        fingerprint = key and request_fingerprint(request.method, request.path, request.body)
         with transaction.atomic():
-            refusal = _refusal(request)
-            agent = agent_for_request(request)  # kept on the request: no second query
-            if refusal is not None or agent is None:
-                return refusal or self.get_response(request)
             if key is None:
                 return self._work(request)
-            if not _valid_key(key):
-                return _invalid_key()
-            fingerprint = request_fingerprint(request.method, request.path, request.body)
             row, answer = _lock_and_read(agent, key, fingerprint)
             if answer is not None:
                 return answer
