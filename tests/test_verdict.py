@@ -346,3 +346,39 @@ def test_the_sweeps_batch_verdicts_are_the_per_run_verdicts(agent, operator):
     assert batch[keyed.pk].blocking[0]["reason"] == "unkeyed_effect"
     assert len(batch[keyed.pk].notes) == 2
     assert batch[waiting.pk].safe is True
+
+
+def test_the_queue_shows_every_blocking_reason_and_only_the_notes_a_person_acts_on(agent, operator):
+    # A blunt run's recorded calls are one line with their count, not one line each.
+    blunt = start(agent, "queue-blunt", restart_policy="blunt").run
+    read(agent, blunt)
+    send(agent, blunt, key="blunt:1")
+    assert restart_verdict(blunt).for_queue() == {
+        "blocking": ["2 call(s) recorded: the blunt policy blocks any recorded call."],
+        "notes": [],
+    }
+
+    # A keyed run: the started unkeyed effect's message blocks; of its notes only the
+    # unknown outcome shows (an approved effect that will execute asks nothing).
+    keyed = start(agent, "queue-keyed").run
+    unkeyed = send(agent, keyed, key=None, tool="fax").effect
+    waiting = send(agent, keyed, key="approve:1", tool="wire", needs_approval=True).effect
+    approve_effect(operator, waiting.pk, args_hash=waiting.args_hash)
+    send(agent, keyed, key="unknown:1", tool="mail")
+    keyed = _fail(agent, keyed)  # in flight when it failed: its outcome is unknown
+
+    verdict = restart_verdict(keyed)
+    unknown_notes = [n["message"] for n in verdict.notes if n["reason"] == "unknown_outcome"]
+    assert len(verdict.notes) > len(unknown_notes) == 1
+    assert verdict.for_queue() == {
+        "blocking": [verdict.blocking[0]["message"]],
+        "notes": unknown_notes,
+    }
+    assert verdict.blocking[0]["effect_id"] == str(unkeyed.pk)
+
+    # A manual run's one reason is its policy; no call line when it recorded none.
+    manual = start(agent, "queue-manual", restart_policy="manual").run
+    assert restart_verdict(manual).for_queue() == {
+        "blocking": ["The run's restart policy is manual: a person always decides."],
+        "notes": [],
+    }
