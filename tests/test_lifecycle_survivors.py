@@ -1,0 +1,254 @@
+"""What a run's start, finish, heartbeat and stop leave behind, in full (runs/lifecycle.py).
+
+``make mutate`` found these unread by the other tests, so each is held here:
+
+- each refusal of the lifecycle (not found, already running, a superseded attempt,
+  a bad outcome) answers its error class, its message and its details: the message
+  is what a person reads (product.md: errors say what to do), the details what an
+  agent acts on;
+- a refused finish inside a caller's transaction rolls back only itself (the default
+  ``savepoint=True``, the module's docstring): the caller carries on;
+- a finish keeps the agent's error on the attempt and as the run's note, and writes
+  the run's ``updated_at``;
+- stopping a run ends only its current attempt: not its earlier attempts, not another
+  run's attempt;
+- an effect in flight when its attempt stops becomes ``unknown`` as one change of
+  the effect (its revision, the poll's ETag, bumped once; its ``updated_at``; no
+  ``timeout_at`` left for the sweep), and so does one the sweep times out, with the
+  attempt that claimed it on its audit event;
+- the audit events of a supersede, an automatic restart and an abandon say why and
+  what changed (note, reason, old and new status, attempt).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import transaction
+from lifecycle_helpers import send, start
+
+from approvals.decisions import abandon_run
+from runs.errors import AlreadyRunning, AttemptSuperseded, InvalidRequest, NotFound
+from runs.lifecycle import finish_run, heartbeat
+from runs.models import Attempt, AttemptStatus, AuditEvent, Effect, EffectStatus, Run, RunStatus
+from runs.outcomes import complete_effect
+from runs.sweep import sweep
+
+pytestmark = pytest.mark.django_db
+
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+T1 = T0 + timedelta(seconds=10)
+T2 = T0 + timedelta(seconds=20)
+
+
+def _event(verb: str, **filters) -> AuditEvent:
+    return AuditEvent.objects.get(verb=verb, **filters)
+
+
+# --- Refusals ---------------------------------------------------------------------
+# Each case makes its rows, then returns the refused call.
+
+
+def _finish_with_a_bad_outcome(agent, other_agent):
+    run = start(agent, now=T0).run
+    return lambda: finish_run(agent, run.pk, attempt=1, outcome="done")
+
+
+def _finish_of_another_agents_run(agent, other_agent):
+    run = start(other_agent, now=T0).run
+    return lambda: finish_run(agent, run.pk, attempt=1, outcome="completed")
+
+
+def _heartbeat_of_another_agents_run(agent, other_agent):
+    run = start(other_agent, now=T0).run
+    return lambda: heartbeat(agent, run.pk, attempt=1, now=T1)
+
+
+def _heartbeat_of_a_superseded_attempt(agent, other_agent):
+    run = start(agent, now=T0).run
+    start(agent, supersede=1, now=T0)
+    return lambda: heartbeat(agent, run.pk, attempt=1, now=T1)
+
+
+def _report_on_an_effect_the_agent_does_not_have(agent, other_agent):
+    run = start(agent, now=T0).run
+    return lambda: complete_effect(
+        agent, uuid.uuid4(), run_id=run.pk, attempt=1, outcome="done", now=T1
+    )
+
+
+def _start_of_a_running_run_without_supersede(agent, other_agent):
+    start(agent, now=T0)
+    return lambda: start(agent, now=T1)
+
+
+def _supersede_of_an_attempt_that_is_not_the_current_one(agent, other_agent):
+    start(agent, now=T0)
+    return lambda: start(agent, supersede=2, now=T1)
+
+
+RUNNING_AT_T0 = {"attempt": 1, "heartbeat_at": T0.isoformat()}
+
+REFUSALS = [
+    (
+        _finish_with_a_bad_outcome,
+        InvalidRequest,
+        "outcome must be completed or failed.",
+        {"fields": {"outcome": "done"}},
+    ),
+    (_finish_of_another_agents_run, NotFound, "No such run for this agent.", {}),
+    (_heartbeat_of_another_agents_run, NotFound, "No such run for this agent.", {}),
+    (
+        _heartbeat_of_a_superseded_attempt,
+        AttemptSuperseded,
+        "Attempt 1 is not the run's current running attempt: stop.",
+        {"attempt": 2, "status": RunStatus.RUNNING},
+    ),
+    (_report_on_an_effect_the_agent_does_not_have, NotFound, "No such effect for this agent.", {}),
+    (
+        _start_of_a_running_run_without_supersede,
+        AlreadyRunning,
+        "Attempt 1 of this run is running; send supersede with its number to replace it.",
+        RUNNING_AT_T0,
+    ),
+    (
+        _supersede_of_an_attempt_that_is_not_the_current_one,
+        AlreadyRunning,
+        "supersede=2 is not the run's current attempt 1.",
+        RUNNING_AT_T0,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "error", "message", "details"), REFUSALS, ids=[r[0].__name__[1:] for r in REFUSALS]
+)
+def test_each_refusal_answers_its_error_message_and_details(
+    agent, other_agent, case, error, message, details
+):
+    refused = case(agent, other_agent)
+
+    with pytest.raises(error) as caught:
+        refused()
+
+    assert type(caught.value) is error
+    assert (caught.value.message, caught.value.details) == (message, details)
+
+
+def test_a_refused_finish_inside_a_callers_transaction_rolls_back_only_itself(agent):
+    run = start(agent, now=T0).run
+
+    with transaction.atomic():  # the caller's (the console's, a test's)
+        with pytest.raises(AttemptSuperseded):
+            finish_run(agent, run.pk, attempt=2, outcome="completed", now=T1)
+        # Still usable: the refusal was a savepoint of its own.
+        finish_run(agent, run.pk, attempt=1, outcome="completed", now=T1)
+
+    assert Run.objects.get(pk=run.pk).status == RunStatus.COMPLETED
+
+
+# --- Finishing and stopping ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("outcome", "error"), [(RunStatus.FAILED, "the mailbox is full"), (RunStatus.COMPLETED, None)]
+)
+def test_a_finish_keeps_the_agents_error_on_the_attempt_and_as_the_runs_note(agent, outcome, error):
+    run = start(agent, now=T0).run
+
+    finish_run(agent, run.pk, attempt=1, outcome=outcome, error=error, now=T1)
+
+    attempt = Attempt.objects.get(run=run, number=1)
+    assert (attempt.status, attempt.ended_at, attempt.error) == (outcome, T1, error)
+    stored = Run.objects.get(pk=run.pk)
+    assert (stored.status, stored.updated_at) == (outcome, T1)
+    assert _event(f"attempt_{outcome}", run=run).note == (error or "")
+    ended = _event(f"run_{outcome}", run=run)
+    assert (ended.note, ended.old_status, ended.new_status) == (
+        error or "",
+        RunStatus.RUNNING,
+        outcome,
+    )
+
+
+def test_stopping_a_run_ends_only_its_current_attempt_not_earlier_ones_nor_another_runs(
+    agent,
+):
+    run = start(agent, "job-a", now=T0).run
+    start(agent, "job-a", supersede=1, now=T1)
+    other = start(agent, "job-b", now=T0).run
+
+    finish_run(agent, run.pk, attempt=2, outcome="completed", now=T2)
+
+    ended = {a.number: (a.status, a.ended_at) for a in Attempt.objects.filter(run=run)}
+    assert ended == {1: (AttemptStatus.SUPERSEDED, T1), 2: (AttemptStatus.COMPLETED, T2)}
+    untouched = Attempt.objects.get(run=other, number=1)
+    assert (untouched.status, untouched.ended_at) == (AttemptStatus.RUNNING, None)
+
+
+def test_an_effect_in_flight_when_its_attempt_stops_becomes_unknown_as_one_change(agent):
+    run = start(agent, now=T0).run
+    effect = send(agent, run, timeout=300, now=T0).effect
+    before = Effect.objects.get(pk=effect.pk)
+    assert before.status == EffectStatus.IN_FLIGHT
+    assert before.timeout_at == T0 + timedelta(seconds=300)
+
+    finish_run(agent, run.pk, attempt=1, outcome="failed", now=T1)
+
+    after = Effect.objects.get(pk=effect.pk)
+    assert after.status == EffectStatus.UNKNOWN
+    assert after.revision == before.revision + 1
+    assert after.updated_at == T1
+    assert after.timeout_at is None  # nothing left for the sweep to time out
+
+
+def test_an_effect_the_sweep_times_out_is_unknown_under_the_attempt_that_claimed_it(agent):
+    run = start(agent, heartbeat_timeout=86_400, now=T0).run
+    start(agent, supersede=1, now=T0)
+    effect = send(agent, run, attempt=2, timeout=5, now=T0).effect
+
+    sweep(now=T0 + timedelta(seconds=6))
+
+    event = _event("outcome_unknown", effect=effect)
+    assert event.attempt_number == 2
+    assert (event.old_status, event.new_status) == (EffectStatus.IN_FLIGHT, EffectStatus.UNKNOWN)
+
+
+# --- Why it happened: the audit events of a supersede, a restart, an abandon --------
+
+
+def test_a_superseding_start_says_why_it_interrupted_the_run(agent):
+    run = start(agent, now=T0).run
+
+    start(agent, supersede=1, now=T1)
+
+    interrupted = _event("run_interrupted", run=run)
+    assert interrupted.note == "superseded by a new start"
+    assert (interrupted.attempt_number, interrupted.new_status) == (1, RunStatus.INTERRUPTED)
+
+
+def test_a_start_of_a_run_the_sweep_handed_back_says_so(agent):
+    run = start(agent, heartbeat_timeout=5, now=T0).run
+    sweep(now=T0 + timedelta(seconds=6))  # safe and keyed: handed back
+
+    started = start(agent, now=T1)
+
+    reason = "handed back to its runtime: the verdict was safe"
+    assert (started.attempt.started_by, started.attempt.reason) == ("auto", reason)
+    assert Attempt.objects.get(run=run, number=2).reason == reason
+    assert _event("attempt_started", run=run, attempt_number=2).note == reason
+
+
+def test_abandoning_a_run_records_the_change_of_its_status_in_full(agent, operator):
+    run = start(agent, now=T0).run
+    start(agent, supersede=1, now=T0)
+    finish_run(agent, run.pk, attempt=2, outcome="failed", error="boom", now=T0)
+
+    abandon_run(operator, run.pk, note="given up", now=T1)
+
+    abandoned = _event("run_abandoned", run=run)
+    assert (abandoned.old_status, abandoned.new_status) == (RunStatus.FAILED, RunStatus.ABANDONED)
+    assert (abandoned.attempt_number, abandoned.note) == (2, "given up")
+    assert (abandoned.actor, abandoned.at) == (operator.get_username(), T1)
