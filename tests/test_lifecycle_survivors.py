@@ -11,7 +11,9 @@
 - a finish keeps the agent's error on the attempt and as the run's note, and writes
   the run's ``updated_at``;
 - stopping a run ends only its current attempt: not its earlier attempts, not another
-  run's attempt;
+  run's attempt; it audits, in this order, the attempt's end, each effect it held,
+  the run's end, each with its attempt, old and new status and why (the sweep's
+  note for each run is that run's own);
 - an effect in flight when its attempt stops becomes ``unknown`` as one change of
   the effect (its revision, the poll's ETag, bumped once; its ``updated_at``; no
   ``timeout_at`` left for the sweep), and so does one the sweep times out, with the
@@ -45,6 +47,11 @@ T2 = T0 + timedelta(seconds=20)
 
 def _event(verb: str, **filters) -> AuditEvent:
     return AuditEvent.objects.get(verb=verb, **filters)
+
+
+def _said(event: AuditEvent) -> tuple:
+    """What an audit event says happened: the attempt, old -> new status, and why."""
+    return (event.attempt_number, event.old_status, event.new_status, event.note)
 
 
 # --- Refusals ---------------------------------------------------------------------
@@ -164,13 +171,9 @@ def test_a_finish_keeps_the_agents_error_on_the_attempt_and_as_the_runs_note(age
     assert (attempt.status, attempt.ended_at, attempt.error) == (outcome, T1, error)
     stored = Run.objects.get(pk=run.pk)
     assert (stored.status, stored.updated_at) == (outcome, T1)
-    assert _event(f"attempt_{outcome}", run=run).note == (error or "")
-    ended = _event(f"run_{outcome}", run=run)
-    assert (ended.note, ended.old_status, ended.new_status) == (
-        error or "",
-        RunStatus.RUNNING,
-        outcome,
-    )
+    said = error or ""
+    assert _said(_event(f"attempt_{outcome}", run=run)) == (1, AttemptStatus.RUNNING, outcome, said)
+    assert _said(_event(f"run_{outcome}", run=run)) == (1, RunStatus.RUNNING, outcome, said)
 
 
 def test_stopping_a_run_ends_only_its_current_attempt_not_earlier_ones_nor_another_runs(
@@ -202,6 +205,40 @@ def test_an_effect_in_flight_when_its_attempt_stops_becomes_unknown_as_one_chang
     assert after.revision == before.revision + 1
     assert after.updated_at == T1
     assert after.timeout_at is None  # nothing left for the sweep to time out
+
+
+def test_a_stop_audits_the_attempt_then_each_effect_it_held_then_the_run(agent):
+    run = start(agent, now=T0).run
+    effect = send(agent, run, now=T0).effect
+
+    start(agent, supersede=1, now=T1)
+
+    stop = ["attempt_superseded", "outcome_unknown", "run_interrupted"]
+    events = list(AuditEvent.objects.filter(at=T1, verb__in=stop).order_by("id"))
+    assert [e.verb for e in events] == stop
+    assert [_said(e) for e in events] == [
+        (1, AttemptStatus.RUNNING, AttemptStatus.SUPERSEDED, ""),
+        (
+            1,
+            EffectStatus.IN_FLIGHT,
+            EffectStatus.UNKNOWN,
+            "Attempt 1 ended superseded while it was in flight.",
+        ),
+        (1, RunStatus.RUNNING, RunStatus.INTERRUPTED, "superseded by a new start"),
+    ]
+    assert (events[0].run_id, events[1].effect_id, events[2].run_id) == (run.pk, effect.pk, run.pk)
+
+
+def test_the_sweep_says_of_each_run_it_interrupts_since_when_it_was_silent(agent):
+    first = start(agent, "job-a", heartbeat_timeout=5, now=T0).run
+    second = start(agent, "job-b", heartbeat_timeout=5, now=T0).run
+    heartbeat(agent, second.pk, attempt=1, now=T0 + timedelta(seconds=1))
+
+    sweep(now=T0 + timedelta(seconds=60))  # one batch stops both
+
+    for run, silent_since in [(first, T0), (second, T0 + timedelta(seconds=1))]:
+        event = _event("run_interrupted", run=run)
+        assert event.note == f"No heartbeat since {silent_since.isoformat()}."
 
 
 def test_an_effect_the_sweep_times_out_is_unknown_under_the_attempt_that_claimed_it(agent):
