@@ -19,7 +19,13 @@
   ``timeout_at`` left for the sweep), and so does one the sweep times out, with the
   attempt that claimed it on its audit event;
 - the audit events of a supersede, an automatic restart and an abandon say why and
-  what changed (note, reason, old and new status, attempt).
+  what changed (note, reason, old and new status, attempt);
+- a start writes what the agent asked (or the defaults) on the run, and each attempt
+  who started it, why, with which agent version and on which verdict; an operator's
+  override is consumed by the start it let through.
+
+The start tests were written ahead of the mutation run reaching ``start_run`` and
+``_new_attempt`` (the first run left 15 to 17 survivors in ``_new_attempt``).
 """
 
 from __future__ import annotations
@@ -31,9 +37,16 @@ import pytest
 from django.db import transaction
 from lifecycle_helpers import send, start
 
-from approvals.decisions import abandon_run
-from runs.errors import AlreadyRunning, AttemptSuperseded, InvalidRequest, NotFound
-from runs.lifecycle import finish_run, heartbeat
+from approvals.decisions import abandon_run, allow_restart
+from runs.errors import (
+    AlreadyRunning,
+    AttemptSuperseded,
+    InvalidRequest,
+    NotFound,
+    RestartBlocked,
+    RunFinished,
+)
+from runs.lifecycle import finish_run, heartbeat, start_run
 from runs.models import Attempt, AttemptStatus, AuditEvent, Effect, EffectStatus, Run, RunStatus
 from runs.outcomes import complete_effect
 from runs.sweep import sweep
@@ -96,7 +109,20 @@ def _supersede_of_an_attempt_that_is_not_the_current_one(agent, other_agent):
     return lambda: start(agent, supersede=2, now=T1)
 
 
+def _start_of_a_completed_run(agent, other_agent):
+    run = start(agent, now=T0).run
+    finish_run(agent, run.pk, attempt=1, outcome="completed", now=T0)
+    return lambda: start(agent, now=T1)
+
+
+def _restart_of_a_manual_run(agent, other_agent):
+    run = start(agent, restart_policy="manual", now=T0).run
+    finish_run(agent, run.pk, attempt=1, outcome="failed", now=T0)
+    return lambda: start(agent, now=T1)
+
+
 RUNNING_AT_T0 = {"attempt": 1, "heartbeat_at": T0.isoformat()}
+MANUAL = "The run's restart policy is manual: a person always decides."
 
 REFUSALS = [
     (
@@ -126,6 +152,18 @@ REFUSALS = [
         "supersede=2 is not the run's current attempt 1.",
         RUNNING_AT_T0,
     ),
+    (
+        _start_of_a_completed_run,
+        RunFinished,
+        "The run is completed: it takes no more starts or attempt requests.",
+        {"status": RunStatus.COMPLETED},
+    ),
+    (
+        _restart_of_a_manual_run,
+        RestartBlocked,
+        f"The restart is not safe: {MANUAL}",
+        None,  # the verdict's own shape: checked below
+    ),
 ]
 
 
@@ -141,7 +179,13 @@ def test_each_refusal_answers_its_error_message_and_details(
         refused()
 
     assert type(caught.value) is error
-    assert (caught.value.message, caught.value.details) == (message, details)
+    assert caught.value.message == message
+    if error is RestartBlocked:
+        verdict = caught.value.details["verdict"]
+        assert (verdict["safe"], verdict["policy"]) == (False, "manual")
+        assert [b["message"] for b in verdict["blocking"]] == [MANUAL]
+    else:
+        assert caught.value.details == details
 
 
 def test_a_refused_finish_inside_a_callers_transaction_rolls_back_only_itself(agent):
@@ -289,3 +333,116 @@ def test_abandoning_a_run_records_the_change_of_its_status_in_full(agent, operat
     assert (abandoned.old_status, abandoned.new_status) == (RunStatus.FAILED, RunStatus.ABANDONED)
     assert (abandoned.attempt_number, abandoned.note) == (2, "given up")
     assert (abandoned.actor, abandoned.at) == (operator.get_username(), T1)
+
+
+# --- What a start writes: the run, its attempt, the attempt_started event -----------
+
+
+def test_a_first_start_writes_the_run_and_attempt_1_as_the_agent_asked(agent):
+    started = start(
+        agent,
+        "ticket-7",
+        title="Reply to ticket 7",
+        input={"ticket": 7},
+        restart_policy="manual",
+        heartbeat_timeout=30,
+        restart_url="https://runtime.example/restart",
+        agent_version="v1",
+        now=T0,
+    )
+
+    assert started.created is True
+    run = Run.objects.get(pk=started.run.pk)
+    assert (run.agent, run.run_key, run.title, run.input) == (
+        agent,
+        "ticket-7",
+        "Reply to ticket 7",
+        {"ticket": 7},
+    )
+    assert (run.restart_policy, run.heartbeat_timeout, run.restart_url) == (
+        "manual",
+        30,
+        "https://runtime.example/restart",
+    )
+    assert (run.status, run.current_attempt, run.restart_ready) == (RunStatus.RUNNING, 1, False)
+    assert (run.heartbeat_at, run.stale_at) == (T0, T0 + timedelta(seconds=30))
+    assert (run.created_at, run.updated_at) == (T0, T0)
+    attempt = Attempt.objects.get(run=run)
+    assert (attempt.number, attempt.status, attempt.started_at, attempt.ended_at) == (
+        1,
+        AttemptStatus.RUNNING,
+        T0,
+        None,
+    )
+    assert (attempt.started_by, attempt.reason, attempt.agent_version) == (
+        "agent",
+        "first start",
+        "v1",
+    )
+    assert attempt.verdict_at_start is None
+    event = _event("attempt_started", run=run)
+    assert _said(event) == (1, "", RunStatus.RUNNING, "first start")
+    assert (event.actor, event.at) == (f"agent:{agent.name}", T0)
+    assert event.data == {"started_by": "agent", "agent_version": "v1"}
+
+
+def test_a_first_start_without_options_takes_the_defaults(agent):
+    run = start_run(agent, "job-1", now=T0).run
+
+    run = Run.objects.get(pk=run.pk)
+    assert (run.title, run.input, run.restart_policy) == ("", {}, "keyed")
+    assert (run.heartbeat_timeout, run.restart_url) == (60, None)
+    assert Attempt.objects.get(run=run).agent_version is None
+
+
+@pytest.mark.parametrize("ended", ["failed", "superseded"])
+def test_a_restart_writes_the_next_attempt_with_the_verdict_it_started_on(agent, ended):
+    run = start(agent, heartbeat_timeout=30, agent_version="v1", now=T0).run
+    if ended == "failed":
+        finish_run(agent, run.pk, attempt=1, outcome="failed", now=T1)
+        started = start(agent, agent_version="v2", now=T2)
+        reason, was = "restart after attempt 1 ended failed", RunStatus.FAILED
+    else:
+        started = start(agent, supersede=1, agent_version="v2", now=T2)
+        reason, was = "superseded attempt 1", RunStatus.INTERRUPTED
+
+    assert started.created is False
+    assert started.verdict.safe is True
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.current_attempt, run.restart_ready) == (RunStatus.RUNNING, 2, False)
+    assert (run.heartbeat_at, run.stale_at, run.updated_at) == (
+        T2,
+        T2 + timedelta(seconds=30),
+        T2,
+    )
+    attempt = Attempt.objects.get(run=run, number=2)
+    assert (attempt.status, attempt.started_at, attempt.started_by, attempt.reason) == (
+        AttemptStatus.RUNNING,
+        T2,
+        "agent",
+        reason,
+    )
+    assert attempt.agent_version == "v2"
+    assert attempt.verdict_at_start == started.verdict.as_dict()
+    assert attempt.verdict_at_start["safe"] is True
+    event = _event("attempt_started", run=run, attempt_number=2)
+    assert _said(event) == (2, was, RunStatus.RUNNING, reason)
+    assert event.data == {"started_by": "agent", "agent_version": "v2"}
+
+
+def test_a_start_an_operator_allowed_names_them_and_consumes_the_override(agent, operator):
+    run = start(agent, restart_policy="manual", now=T0).run
+    finish_run(agent, run.pk, attempt=1, outcome="failed", now=T0)
+    allow_restart(operator, run.pk, note="checked the outbox", now=T1)
+
+    started = start(agent, now=T2)
+
+    name = operator.get_username()
+    reason = f"allowed by {name}: checked the outbox"
+    assert (started.attempt.started_by, started.attempt.reason) == (f"operator:{name}", reason)
+    run = Run.objects.get(pk=run.pk)
+    assert (run.override_by, run.override_at, run.override_note) == (None, None, "")
+    assert (run.status, run.restart_ready) == (RunStatus.RUNNING, False)
+    assert started.verdict.override is None  # the verdict now: no override waiting
+    event = _event("attempt_started", run=run, attempt_number=2)
+    assert event.data == {"started_by": f"operator:{name}", "agent_version": None}
