@@ -22,10 +22,14 @@
   what changed (note, reason, old and new status, attempt);
 - a start writes what the agent asked (or the defaults) on the run, and each attempt
   who started it, why, with which agent version and on which verdict; an operator's
-  override is consumed by the start it let through.
+  override is consumed by the start it let through;
+- a claim starts clean (the earlier error gone, a new timeout from the claim) and
+  keeps when the effect was first claimed; an effect awaiting approval expires at
+  its deadline, not a microsecond before, by the system, with its decision recorded.
 
-The start tests were written ahead of the mutation run reaching ``start_run`` and
-``_new_attempt`` (the first run left 15 to 17 survivors in ``_new_attempt``).
+The start, claim and expiry tests were written ahead of the mutation run reaching
+``start_run``, ``_new_attempt``, ``set_claim`` and ``expire_if_past_deadline`` (the
+first run left 15 to 17 survivors in ``_new_attempt`` and in the expiry).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from runs.errors import (
 )
 from runs.lifecycle import finish_run, heartbeat, start_run
 from runs.models import Attempt, AttemptStatus, AuditEvent, Effect, EffectStatus, Run, RunStatus
-from runs.outcomes import complete_effect
+from runs.outcomes import claim_effect, complete_effect
 from runs.sweep import sweep
 
 pytestmark = pytest.mark.django_db
@@ -56,6 +60,7 @@ pytestmark = pytest.mark.django_db
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 T1 = T0 + timedelta(seconds=10)
 T2 = T0 + timedelta(seconds=20)
+MICRO = timedelta(microseconds=1)
 
 
 def _event(verb: str, **filters) -> AuditEvent:
@@ -446,3 +451,80 @@ def test_a_start_an_operator_allowed_names_them_and_consumes_the_override(agent,
     assert started.verdict.override is None  # the verdict now: no override waiting
     event = _event("attempt_started", run=run, attempt_number=2)
     assert event.data == {"started_by": f"operator:{name}", "agent_version": None}
+
+
+# --- A claim and an expiry (set_claim, expire_if_past_deadline, save_effect) --------
+
+
+def test_a_claim_again_by_a_later_attempt_starts_clean_and_keeps_the_first_claim_time(agent):
+    run = start(agent, now=T0).run
+    effect = send(agent, run, timeout=10, now=T0).effect  # claimed by attempt 1 at T0
+    complete_effect(agent, effect.pk, run_id=run.pk, attempt=1, outcome="failed", error="smtp down")
+    start(agent, supersede=1, now=T1)
+    before = Effect.objects.get(pk=effect.pk)
+    assert (before.status, before.error) == (EffectStatus.FAILED, "smtp down")
+
+    claimed, action = claim_effect(agent, effect.pk, run_id=run.pk, attempt=2, now=T2)
+
+    assert action == "execute"
+    after = Effect.objects.get(pk=effect.pk)
+    assert (after.status, after.claimed_run_id, after.claimed_attempt) == (
+        EffectStatus.IN_FLIGHT,
+        run.pk,
+        2,
+    )
+    assert (after.claimed_at, after.first_claimed_at) == (T2, T0)
+    assert after.timeout_at == T2 + timedelta(seconds=10)
+    assert after.error is None  # the earlier failure stays in the audit log only
+    assert (after.revision, after.updated_at) == (before.revision + 1, T2)
+    event = AuditEvent.objects.filter(effect=effect, verb="claimed").latest("id")
+    assert _said(event) == (2, EffectStatus.FAILED, EffectStatus.IN_FLIGHT, "")
+    assert (event.run_id, event.actor, event.at) == (run.pk, f"agent:{agent.name}", T2)
+
+
+def test_a_claim_of_an_effect_without_a_timeout_sets_none(agent):
+    run = start(agent, now=T0).run
+    effect = send(agent, run, now=T0).effect
+    complete_effect(agent, effect.pk, run_id=run.pk, attempt=1, outcome="failed")
+
+    claim_effect(agent, effect.pk, run_id=run.pk, attempt=1, now=T1)
+
+    after = Effect.objects.get(pk=effect.pk)
+    assert (after.status, after.claimed_at, after.timeout_at) == (EffectStatus.IN_FLIGHT, T1, None)
+
+
+@pytest.mark.parametrize(
+    ("after", "expired"), [(timedelta(seconds=60), True), (timedelta(seconds=60) - MICRO, False)]
+)
+def test_an_effect_awaiting_approval_expires_at_its_deadline_by_the_system(agent, after, expired):
+    run = start(agent, now=T0).run
+    effect = send(agent, run, needs_approval=True, approval_ttl=60, now=T0).effect
+    before = Effect.objects.get(pk=effect.pk)
+    now = T0 + after
+
+    claimed, action = claim_effect(agent, effect.pk, run_id=run.pk, attempt=1, now=now)
+
+    stored = Effect.objects.get(pk=effect.pk)
+    if not expired:
+        assert (action, stored.status, stored.revision) == (
+            "wait",
+            EffectStatus.AWAITING_APPROVAL,
+            before.revision,
+        )
+        return
+    assert (action, stored.status) == ("blocked", EffectStatus.EXPIRED)
+    assert (stored.revision, stored.updated_at) == (before.revision + 1, now)
+    assert stored.decision == {
+        "verb": "expired",
+        "by": "system",
+        "at": now.isoformat(),
+        "note": "No decision before the deadline.",
+        "args_hash": effect.args_hash,
+        "final": False,
+    }
+    event = _event("expired", effect=effect)
+    assert (event.actor, event.actor_kind, event.at) == ("system", "system", now)
+    assert (event.old_status, event.new_status) == (
+        EffectStatus.AWAITING_APPROVAL,
+        EffectStatus.EXPIRED,
+    )
