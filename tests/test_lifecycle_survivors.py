@@ -25,7 +25,10 @@
   override is consumed by the start it let through;
 - a claim starts clean (the earlier error gone, a new timeout from the claim) and
   keeps when the effect was first claimed; an effect awaiting approval expires at
-  its deadline, not a microsecond before, by the system, with its decision recorded.
+  its deadline, not a microsecond before, by the system, with its decision recorded;
+- a refused restart names every blocking reason and starts nothing; the stored
+  verdict flag (``verdict_blocked``, the console's filter) is set when a reason
+  appears: at a manual run's creation, at the first claim of an unkeyed effect.
 
 The start, claim and expiry tests were written ahead of the mutation run reaching
 ``start_run``, ``_new_attempt``, ``set_claim`` and ``expire_if_past_deadline`` (the
@@ -97,6 +100,12 @@ def _heartbeat_of_a_superseded_attempt(agent, other_agent):
     return lambda: heartbeat(agent, run.pk, attempt=1, now=T1)
 
 
+def _heartbeat_of_an_interrupted_attempt(agent, other_agent):
+    run = start(agent, heartbeat_timeout=5, restart_policy="manual", now=T0).run
+    sweep(now=T0 + timedelta(seconds=6))
+    return lambda: heartbeat(agent, run.pk, attempt=1, now=T1)
+
+
 def _report_on_an_effect_the_agent_does_not_have(agent, other_agent):
     run = start(agent, now=T0).run
     return lambda: complete_effect(
@@ -143,6 +152,12 @@ REFUSALS = [
         AttemptSuperseded,
         "Attempt 1 is not the run's current running attempt: stop.",
         {"attempt": 2, "status": RunStatus.RUNNING},
+    ),
+    (
+        _heartbeat_of_an_interrupted_attempt,
+        AttemptSuperseded,
+        "Attempt 1 is not the run's current running attempt: stop.",
+        {"attempt": 1, "status": RunStatus.INTERRUPTED},
     ),
     (_report_on_an_effect_the_agent_does_not_have, NotFound, "No such effect for this agent.", {}),
     (
@@ -528,3 +543,38 @@ def test_an_effect_awaiting_approval_expires_at_its_deadline_by_the_system(agent
         EffectStatus.AWAITING_APPROVAL,
         EffectStatus.EXPIRED,
     )
+
+
+def test_a_restart_blocked_for_several_reasons_names_each_and_starts_nothing(agent):
+    run = start(agent, now=T0).run
+    send(agent, run, key=None, tool="refund", now=T0)
+    send(agent, run, key=None, tool="charge", now=T0)
+    finish_run(agent, run.pk, attempt=1, outcome="failed", now=T0)
+
+    with pytest.raises(RestartBlocked) as caught:
+        start(agent, now=T1)
+
+    unkeyed = "An unkeyed effect of {} was started: nothing could deduplicate it on replay."
+    reasons = [unkeyed.format("refund"), unkeyed.format("charge")]
+    assert caught.value.message == "The restart is not safe: " + "; ".join(reasons)
+    assert [b["message"] for b in caught.value.details["verdict"]["blocking"]] == reasons
+    stored = Run.objects.get(pk=run.pk)
+    assert (stored.status, stored.current_attempt) == (RunStatus.FAILED, 1)
+    assert Attempt.objects.filter(run=run).count() == 1
+
+
+@pytest.mark.parametrize(
+    ("policy", "key", "blocked"),
+    [
+        ("manual", "outlook:message:1", True),  # from its creation
+        ("keyed", None, True),  # from the first claim of an unkeyed effect
+        ("keyed", "outlook:message:1", False),
+    ],
+)
+def test_the_stored_verdict_flag_is_set_when_a_blocking_reason_appears(agent, policy, key, blocked):
+    run = start(agent, restart_policy=policy, now=T0).run
+    assert Run.objects.get(pk=run.pk).verdict_blocked is (policy == "manual")
+
+    send(agent, run, key=key, now=T0)
+
+    assert Run.objects.get(pk=run.pk).verdict_blocked is blocked
