@@ -28,7 +28,10 @@
   its deadline, not a microsecond before, by the system, with its decision recorded;
 - a refused restart names every blocking reason and starts nothing; the stored
   verdict flag (``verdict_blocked``, the console's filter) is set when a reason
-  appears: at a manual run's creation, at the first claim of an unkeyed effect.
+  appears: at a manual run's creation, at the first claim of an unkeyed effect;
+- each version of an effect's arguments says what, who, when, from which call and
+  whether it was adopted (a replay of a frozen effect is kept as drift); an effect
+  awaiting approval with no ttl of its own gets the configured one.
 
 The start, claim and expiry tests were written ahead of the mutation run reaching
 ``start_run``, ``_new_attempt``, ``set_claim`` and ``expire_if_past_deadline`` (the
@@ -54,7 +57,16 @@ from runs.errors import (
     RunFinished,
 )
 from runs.lifecycle import finish_run, heartbeat, start_run
-from runs.models import Attempt, AttemptStatus, AuditEvent, Effect, EffectStatus, Run, RunStatus
+from runs.models import (
+    Attempt,
+    AttemptStatus,
+    AuditEvent,
+    Effect,
+    EffectStatus,
+    EffectVersion,
+    Run,
+    RunStatus,
+)
 from runs.outcomes import claim_effect, complete_effect
 from runs.sweep import sweep
 
@@ -578,3 +590,49 @@ def test_the_stored_verdict_flag_is_set_when_a_blocking_reason_appears(agent, po
     send(agent, run, key=key, now=T0)
 
     assert Run.objects.get(pk=run.pk).verdict_blocked is blocked
+
+
+# --- Argument versions (add_version) and the default deadline ------------------------
+
+
+def test_each_version_of_an_effects_arguments_says_what_who_when_and_whether_adopted(agent):
+    run = start(agent, now=T0).run
+    first = send(agent, run, needs_approval=True, args={"to": "a"}, now=T0)
+    revised = send(agent, run, needs_approval=True, args={"to": "b"}, now=T1)  # adopted
+    effect = first.effect
+
+    versions = list(EffectVersion.objects.filter(effect=effect).order_by("number"))
+    assert [(v.number, v.args, v.adopted, v.at) for v in versions] == [
+        (1, {"to": "a"}, True, T0),
+        (2, {"to": "b"}, True, T1),
+    ]
+    assert [v.call_id for v in versions] == [first.call.pk, revised.call.pk]
+    assert [v.author for v in versions] == [f"agent:{agent.name}"] * 2
+    assert versions[0].args_hash == first.effect.args_hash != versions[1].args_hash
+    assert versions[1].args_hash == Effect.objects.get(pk=effect.pk).args_hash
+
+
+def test_a_replay_with_other_arguments_of_an_effect_in_flight_is_kept_as_drift(agent):
+    run = start(agent, now=T0).run
+    effect = send(agent, run, args={"to": "a"}, now=T0).effect  # claimed: frozen
+    replay = send(agent, run, args={"to": "b"}, now=T1)
+
+    drift = EffectVersion.objects.get(effect=effect, number=2)
+    assert (drift.args, drift.adopted, drift.call_id, drift.at) == (
+        {"to": "b"},
+        False,
+        replay.call.pk,
+        T1,
+    )
+    assert drift.args_hash == replay.call.args_hash != effect.args_hash
+    assert Effect.objects.get(pk=effect.pk).args == {"to": "a"}
+
+
+def test_an_effect_awaiting_approval_without_a_ttl_gets_the_configured_one(agent, settings):
+    run = start(agent, now=T0).run
+
+    effect = send(agent, run, needs_approval=True, now=T0).effect
+
+    ttl = settings.STARTSAFE["APPROVAL_TTL"]
+    stored = Effect.objects.get(pk=effect.pk)
+    assert (stored.approval_ttl, stored.approval_expires_at) == (ttl, T0 + timedelta(seconds=ttl))
