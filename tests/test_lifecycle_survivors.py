@@ -610,6 +610,14 @@ def test_each_version_of_an_effects_arguments_says_what_who_when_and_whether_ado
     assert [v.author for v in versions] == [f"agent:{agent.name}"] * 2
     assert versions[0].args_hash == first.effect.args_hash != versions[1].args_hash
     assert versions[1].args_hash == Effect.objects.get(pk=effect.pk).args_hash
+    event = _event("args_revised", effect=effect)
+    awaiting = EffectStatus.AWAITING_APPROVAL
+    assert _said(event) == (1, awaiting, awaiting, "")
+    assert (event.run_id, event.at, event.data) == (
+        run.pk,
+        T1,
+        {"args_hash": versions[1].args_hash},
+    )
 
 
 def test_a_replay_with_other_arguments_of_an_effect_in_flight_is_kept_as_drift(agent):
@@ -625,7 +633,15 @@ def test_a_replay_with_other_arguments_of_an_effect_in_flight_is_kept_as_drift(a
         T1,
     )
     assert drift.args_hash == replay.call.args_hash != effect.args_hash
-    assert Effect.objects.get(pk=effect.pk).args == {"to": "a"}
+    stored = Effect.objects.get(pk=effect.pk)
+    assert (stored.args, stored.status, stored.revision) == (
+        {"to": "a"},
+        "in_flight",
+        effect.revision + 1,
+    )
+    event = _event("args_drift", effect=effect)
+    assert event.data == {"args_hash": drift.args_hash, "current_args_hash": effect.args_hash}
+    assert (event.run_id, event.attempt_number, event.at) == (run.pk, 1, T1)
 
 
 def test_an_effect_awaiting_approval_without_a_ttl_gets_the_configured_one(agent, settings):
