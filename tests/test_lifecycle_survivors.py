@@ -384,6 +384,8 @@ def test_a_first_start_writes_the_run_and_attempt_1_as_the_agent_asked(agent):
     )
 
     assert started.created is True
+    # The answer's verdict: a manual run is blocked from its creation.
+    assert (started.verdict.safe, started.verdict.policy) == (False, "manual")
     run = Run.objects.get(pk=started.run.pk)
     assert (run.agent, run.run_key, run.title, run.input) == (
         agent,
