@@ -80,8 +80,9 @@ bench: $(VENV)/.installed-bench
 # stopped run, re-tests the functions changed since, then the mutants not killed
 # (mutmut keeps a verdict until it is named); test files added to [tool.mutmut]'s
 # list keep the verdicts (mutate/carry_over.py), any other change to it starts
-# afresh. The report (var/mutate/report.txt) lists every mutant not killed; mutate.report fails under MUTATE_MIN_SCORE (90) percent killed
-# or on a survivor docs/guarantees.md does not judge.
+# afresh. The report (var/mutate/report.txt) lists every mutant not killed;
+# mutate.report fails under MUTATE_MIN_SCORE (90) percent killed or on a survivor
+# docs/guarantees.md does not judge.
 mutate: $(VENV)/.installed-mutate
 	@$(PY) -m startsafe.checkdb "$(MUTATE_DATABASE_URL)"
 	$(if $(MUTATE_RESUME),$(PY) -m mutate.carry_over,rm -rf mutants)
