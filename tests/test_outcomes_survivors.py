@@ -292,6 +292,28 @@ def test_a_second_different_report_after_a_settlement_is_kept_too(agent, operato
     assert [e.data["result"] for e in _late_reports(effect)] == [{"id": "m1"}, {"id": "m2"}]
 
 
+def test_a_retried_completion_after_an_earlier_lookup_released_the_effect_is_no_late_report(
+    agent,
+):
+    """A lookup said not_done and released the effect; the next attempt claimed it and
+    completed it itself. Its retried report is a plain retry, not a report about an
+    effect someone else settled (the console would show it as a late report)."""
+    run, effect = _unknown(agent)
+    reconcile_effect(
+        agent, effect.pk, run_id=run.pk, attempt=2, outcome="not_done", evidence="not sent"
+    )
+    claim_effect(agent, effect.pk, run_id=run.pk, attempt=2)
+
+    for _ in range(2):  # the client retries a report whose answer it lost
+        complete_effect(
+            agent, effect.pk, run_id=run.pk, attempt=2, outcome="done", result={"id": "m3"}
+        )
+
+    effect.refresh_from_db()
+    assert (effect.status, effect.result) == ("done", {"id": "m3"})
+    assert _late_reports(effect) == []
+
+
 # --- A refused rule inside a caller's transaction ----------------------------------
 
 
