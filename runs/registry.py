@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from runs.audit import Actor, new_event
 from runs.canonical import args_hash
-from runs.errors import InvalidRequest, ToolNotRegistered
+from runs.errors import ToolNotRegistered
 from runs.lifecycle import insert_or_lock_winner, released_status, save_effect
 from runs.models import (
     Agent,
@@ -154,23 +154,14 @@ def _apply_declaration(tool: Tool, decl: dict, now: datetime) -> bool:
 def declare_tools(agent: Agent, declarations: list[dict], *, now: datetime | None = None) -> list:
     """``POST /api/v1/tools``: register new tools, record changed declarations.
 
-    ``declarations``: ``{"name", **declaration fields}``, names distinct. In name
-    order, so that two concurrent declarations of the same tools lock them in one
-    order. Under the ``closed`` mode an unregistered tool is refused (409
-    ``tool_not_registered``) and nothing is registered: only an admin adds tools.
-    Returns the tools with their policies, in the order asked.
+    ``declarations``: ``{"name", **declaration fields}``. In name order, so that
+    two concurrent declarations of the same tools lock them in one order. Under the
+    ``closed`` mode an unregistered tool is refused (409 ``tool_not_registered``)
+    and nothing is registered: only an admin adds tools. Returns the tools with
+    their policies, in the order asked.
     """
     now = now or timezone.now()
     names = [d["name"] for d in declarations]
-    if len(set(names)) != len(names):
-        duplicate = next(n for n in names if names.count(n) > 1)
-        raise InvalidRequest(
-            f"The tool {duplicate!r} is declared twice.", {"fields": {"tools": "names repeat"}}
-        )
-    by_name = {
-        d["name"]: declaration(**{f: d.get(f) for f in DECLARATION_FIELDS if f in d})
-        for d in declarations
-    }
     with transaction.atomic():
         if agent.tool_mode == ToolMode.CLOSED:
             known = set(
@@ -179,10 +170,12 @@ def declare_tools(agent: Agent, declarations: list[dict], *, now: datetime | Non
             missing = [n for n in names if n not in known]
             if missing:
                 raise _not_registered(missing[0])
-        for name in sorted(by_name):
-            tool, created = _register(agent, name, by_name[name], "declared", now)
+        # A name declared twice is declared twice, in the order sent (a stable sort).
+        for asked in sorted(declarations, key=lambda d: d["name"]):
+            decl = declaration(**{f: asked[f] for f in DECLARATION_FIELDS if f in asked})
+            tool, created = _register(agent, asked["name"], decl, "declared", now)
             if not created:
-                _apply_declaration(tool, by_name[name], now)
+                _apply_declaration(tool, decl, now)
     tools = {t.name: t for t in with_policy(Tool.objects.filter(agent=agent, name__in=names))}
     return [tools[name] for name in names]
 

@@ -11,7 +11,6 @@ from django.db import connection
 from lifecycle_helpers import read, send, start
 from race_helpers import run_together
 
-from runs.errors import InvalidRequest
 from runs.models import Effect, EffectStatus, Tool, ToolDeclaration, ToolState
 from runs.registry import confirm_tool, declare_tools, effective_of
 
@@ -150,10 +149,12 @@ def test_a_tool_registered_as_an_effect_makes_a_read_of_it_an_effect(agent):
     assert Effect.objects.filter(tool="send_sms").count() == 1
 
 
-def test_a_declaration_naming_a_tool_twice_is_invalid(agent):
-    with pytest.raises(InvalidRequest):
-        declare_tools(agent, [CAMPAIGN, {**CAMPAIGN, "kind": "read"}])
-    assert not Tool.objects.exists()
+def test_a_tool_named_twice_in_one_declaration_is_declared_twice_in_order(agent):
+    tools = declare_tools(agent, [{**CAMPAIGN, "needs_approval": True}, CAMPAIGN])
+
+    assert [t.pk for t in tools] == [tools[0].pk] * 2
+    assert tools[0].state == ToolState.CHANGED  # the second was a looser change
+    assert tools[0].adopted["needs_approval"] is True
 
 
 def test_tools_are_per_agent(agent, other_agent):
