@@ -10,6 +10,7 @@ The rule the declaration feeds is runs/policies.py's.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -246,11 +247,18 @@ def rule_subquery(tool: str) -> Subquery:
 
 
 def rule_of(rule: dict) -> dict:
-    """``rule_subquery``'s value with ``policy`` None when the tool has none."""
-    policy = rule.get("policy")
-    if policy is not None and policy.get("id") is None:
-        rule = {**rule, "policy": None}
-    return rule
+    """``rule_subquery``'s value with ``policy`` None when the tool has none.
+
+    SQLite's ``json_object`` (the embedded default) embeds a JSON column as its
+    text, where PostgreSQL's ``jsonb_build_object`` nests the value: decoded here."""
+    adopted, policy = _nested(rule["adopted"]), rule.get("policy")
+    if policy is not None:
+        policy = None if policy.get("id") is None else {**policy, "rules": _nested(policy["rules"])}
+    return {**rule, "adopted": adopted, "policy": policy}
+
+
+def _nested(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
 
 
 def policy_dict(policy: ToolPolicy | None) -> dict | None:

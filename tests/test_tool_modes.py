@@ -100,3 +100,23 @@ def test_closed_mode_takes_registered_tools_and_no_new_declarations(agent):
         )
     assert refused.value.details == {"tool": "x"}
     assert list(Tool.objects.values_list("name", flat=True)) == ["send_email"]
+
+
+def test_no_operator_approval_lets_an_unconfirmed_tools_effect_through(agent, operator):
+    from django.utils import timezone
+
+    from approvals.decisions import allowed_actions, approve_effect, reject_effect
+    from runs.errors import NotAllowed
+
+    _mode(agent, ToolMode.CONFIRM)
+    effect = send(agent, start(agent).run).effect
+
+    assert allowed_actions(effect, operator, timezone.now()) == {"reject", "mark_done"}
+    with pytest.raises(NotAllowed):
+        approve_effect(operator, effect.pk, args_hash=effect.args_hash)
+    with pytest.raises(NotAllowed):
+        approve_effect(operator, effect.pk, args_hash=effect.args_hash, edited_args={"s": 1})
+    effect.refresh_from_db()
+    assert (effect.status, effect.args_versions) == (EffectStatus.AWAITING_APPROVAL, 1)
+    # Refusing it is a person's call as always.
+    reject_effect(operator, effect.pk, args_hash=effect.args_hash, note="not this tool")
