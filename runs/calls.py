@@ -56,7 +56,7 @@ from runs.policies import (
     policy_hold,
     tool_unconfirmed,
 )
-from runs.registry import register_from_call, rule_of, rule_subquery
+from runs.registry import register_from_call, rule_of, rule_on_run
 from runs.verdict import keep_verdict_blocked
 
 # --- Calls --------------------------------------------------------------------
@@ -73,7 +73,7 @@ def _lock_run_for_call(
     agent: Agent, run_id: Any, attempt: int, tool: str
 ) -> tuple[Run, Any, dict | None]:
     """The run locked, the id of its running attempt ``attempt``, and the tool's rule
-    in the registry (``registry.rule_subquery``; None for a tool not registered).
+    in the registry (``registry.rule_on_run``; None for a tool not registered).
 
     The attempt's id and the tool's rule come with the lock (no query of their own
     on the API's hot write path): the attempt existed before this request could name
@@ -84,7 +84,7 @@ def _lock_run_for_call(
     same = Attempt.objects.filter(run_id=OuterRef("pk"), number=attempt).order_by()
     attempt_id = same.values("pk")[:1]
     locked = Run.objects.select_for_update(of=("self",)).annotate(
-        attempt_id=Subquery(attempt_id), tool_rule=rule_subquery(tool)
+        attempt_id=Subquery(attempt_id), tool_rule=rule_on_run(tool)
     )
     try:
         run = locked.get(pk=run_id, agent=agent)
@@ -129,11 +129,18 @@ def record_call(
 ) -> Recorded:
     """Record a tool call before it is made, and answer what to do (api.md, ``/calls``).
 
-    1. Lock the run; the attempt must be its current running one.
-    2. A read is journaled and executes.
+    1. Lock the run; the attempt must be its current running one. The tool's rule
+       in the registry comes with the lock; a tool not registered is registered
+       from this call (refused under the agent's ``closed`` mode).
+    2. The effective rule (runs/policies.py): the stricter of the call, the tool's
+       declaration in force and its policy. A read of a tool that is an effect is
+       recorded as an effect; a read is journaled and executes.
     3. An effect finds its effect by key (creating it, race-safely, if the key is
-       new), or creates an unkeyed one.
-    4. Other arguments become a version; what it does depends on the status.
+       new), or creates an unkeyed one. A new effect opens as ``policies.gate``
+       says (blocked, held, approved by the policy, awaiting, or claimed); a
+       restarted attempt's new key is checked for drift (``drift_origin``).
+    4. Other arguments become a version; what it does depends on the status (and
+       never gets fewer approvers than the arguments' rule asks).
     5. The status gives the action; a claimable effect is claimed here.
 
     ``savepoint``: see runs/lifecycle.py's docstring.
