@@ -561,9 +561,8 @@ def _apply_call_to_existing(
     effect.args_hash = digest
     # Approvals name the version they approved; the new one starts with none.
     effect.current_approvals = []
-    if _tighten(effect, args_rule, now):
-        new_status = EffectStatus.REJECTED
-    elif effect.needs_approval and new_status in (EffectStatus.PENDING, EffectStatus.FAILED):
+    blocked = _tighten(effect, args_rule)
+    if effect.needs_approval and new_status in (EffectStatus.PENDING, EffectStatus.FAILED):
         new_status = EffectStatus.AWAITING_APPROVAL
     if new_status == EffectStatus.AWAITING_APPROVAL and status != EffectStatus.AWAITING_APPROVAL:
         set_deadline(effect, now)
@@ -577,10 +576,26 @@ def _apply_call_to_existing(
         attempt_number=attempt,
         data={"args_hash": digest},
     )
+    if blocked:
+        # The policy's block, audited as a person's rejection is (final).
+        by = f"policy:{args_rule['id']}"
+        effect.hold = policy_hold(effect.tool, args_rule)
+        effect.decide("rejected", by, now, effect.hold["message"], final=True)
+        save_effect(
+            effect,
+            Actor(kind="policy", label=by),
+            "rejected",
+            now,
+            status=EffectStatus.REJECTED,
+            note=effect.hold["message"],
+            run=run,
+            attempt_number=attempt,
+            data={"final": True},
+        )
     return True
 
 
-def _tighten(effect: Effect, args_rule: dict | None, now: datetime) -> bool:
+def _tighten(effect: Effect, args_rule: dict | None) -> bool:
     """The new arguments of an effect under the argument rule they match: more
     approvers for a ``require`` rule, never fewer; True for a ``block`` rule (the
     caller rejects it, finally, by ``policy:<rule id>``). An ``approve`` rule
@@ -588,10 +603,6 @@ def _tighten(effect: Effect, args_rule: dict | None, now: datetime) -> bool:
     if args_rule is None:
         return False
     if args_rule["action"] == "block":
-        effect.hold = policy_hold(effect.tool, args_rule)
-        effect.decide(
-            "rejected", f"policy:{args_rule['id']}", now, effect.hold["message"], final=True
-        )
         return True
     if args_rule["action"] == "require":
         required = int(args_rule.get("approvals", 1))

@@ -303,3 +303,31 @@ def test_without_a_policy_expiry_expires(agent):
     assert effect.on_expiry == "expire"
     expire_if_past_deadline(effect, timezone.now() + timedelta(seconds=61))
     assert effect.status == EffectStatus.EXPIRED
+
+
+@pytest.mark.django_db
+def test_a_revision_into_a_blocked_value_is_rejected_by_the_policy(agent):
+    _policy(agent, needs_approval=True, rules=RULES)
+    run = start(agent).run
+    first = _campaign(agent, run, amount=500)
+
+    revised = send(
+        agent,
+        run,
+        tool="send_campaign",
+        key="c-1",
+        key_source="intent",
+        args={"amount": 500, "segment": "all"},
+    )
+
+    assert revised.action == "blocked"
+    effect = revised.effect
+    assert effect.pk == first.effect.pk
+    assert (effect.status, effect.decision["by"], effect.decision["final"]) == (
+        "rejected",
+        "policy:blocked-segment",
+        True,
+    )
+    assert verbs(effect)[-2:] == ["args_revised", "rejected"]
+    rejected = AuditEvent.objects.get(effect=effect, verb="rejected")
+    assert (rejected.actor, rejected.old_status) == ("policy:blocked-segment", "awaiting_approval")
