@@ -56,7 +56,7 @@ from runs.policies import (
     policy_hold,
     tool_unconfirmed,
 )
-from runs.registry import register_from_call, rule_of, rule_on_run
+from runs.registry import register_from_call, rule_of, rule_subquery
 from runs.verdict import keep_verdict_blocked
 
 # --- Calls --------------------------------------------------------------------
@@ -73,7 +73,7 @@ def _lock_run_for_call(
     agent: Agent, run_id: Any, attempt: int, tool: str
 ) -> tuple[Run, Any, dict | None]:
     """The run locked, the id of its running attempt ``attempt``, and the tool's rule
-    in the registry (``registry.rule_on_run``; None for a tool not registered).
+    in the registry (``registry.rule_subquery``; None for a tool not registered).
 
     The attempt's id and the tool's rule come with the lock (no query of their own
     on the API's hot write path): the attempt existed before this request could name
@@ -84,7 +84,7 @@ def _lock_run_for_call(
     same = Attempt.objects.filter(run_id=OuterRef("pk"), number=attempt).order_by()
     attempt_id = same.values("pk")[:1]
     locked = Run.objects.select_for_update(of=("self",)).annotate(
-        attempt_id=Subquery(attempt_id), tool_rule=rule_on_run(tool)
+        attempt_id=Subquery(attempt_id), tool_rule=rule_subquery(tool)
     )
     try:
         run = locked.get(pk=run_id, agent=agent)

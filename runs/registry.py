@@ -10,7 +10,6 @@ The rule the declaration feeds is runs/policies.py's.
 
 from __future__ import annotations
 
-import functools
 import json
 from datetime import datetime
 from typing import Any
@@ -18,7 +17,6 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, JSONField, OuterRef, Subquery
-from django.db.models.expressions import RawSQL
 from django.db.models.functions import JSONObject
 from django.utils import timezone
 
@@ -31,7 +29,6 @@ from runs.models import (
     CallKind,
     Effect,
     EffectStatus,
-    Run,
     Tool,
     ToolDeclaration,
     ToolMode,
@@ -238,7 +235,7 @@ _POLICY_FIELDS = (
 
 def rule_subquery(tool: str) -> Subquery:
     """The tool's state, declaration in force and policy, as one JSON value, for a
-    statement on a run (``Run.agent_id``; runs/calls.py joins it into the run's
+    statement on a row with an ``agent_id`` (runs/calls.py joins it into the run's
     lock): the registry costs the call path no query of its own. Null when the agent
     has no such tool."""
     policy = JSONObject(**{field: F(f"policy__{field}") for field in _POLICY_FIELDS})
@@ -246,33 +243,6 @@ def rule_subquery(tool: str) -> Subquery:
     return Subquery(
         rows.values(rule=JSONObject(state="state", adopted="adopted", policy=policy))[:1],
         output_field=JSONField(),
-    )
-
-
-_SENTINEL = "<the tool's name>"
-
-
-@functools.cache
-def _rule_sql() -> tuple[str, tuple]:
-    """``rule_subquery`` as Django compiles it on a run, once per process: its SQL
-    and parameters, the tool's name as ``_SENTINEL``. Building and compiling the
-    expression cost about 1.5 ms of CPU on every call (the write path's whole CPU
-    per record + complete was 12 ms, bench/journal_cost.py); the poll freezes its
-    statement the same way (runs/api/poll.py ``poll_sql``)."""
-    runs = Run.objects.annotate(tool_rule=rule_subquery(_SENTINEL)).values("tool_rule")
-    sql, params = runs.query.sql_with_params()
-    head, tail = "SELECT ", ' AS "tool_rule" FROM '
-    if not sql.startswith(head) or sql.count(tail) != 1 or params.count(_SENTINEL) != 1:
-        raise RuntimeError(f"unexpected compiled form of the tool's rule: {sql!r}")
-    return sql[len(head) : sql.index(tail)], params
-
-
-def rule_on_run(tool: str) -> RawSQL:
-    """``rule_subquery(tool)`` for a statement whose table is the run's, from the SQL
-    compiled once (``_rule_sql``): the tool's name is its one new parameter."""
-    sql, params = _rule_sql()
-    return RawSQL(
-        sql, tuple(tool if p == _SENTINEL else p for p in params), output_field=JSONField()
     )
 
 

@@ -70,7 +70,7 @@ def test_record_of_a_new_key(agent):
     _, statements = _run(send, agent, run, key="budget:1")
     assert statements == [
         # the run locked, with its running attempt's id and the tool's registered
-        # rule (runs/registry.py rule_on_run: no query of its own)
+        # rule (runs/registry.py rule_subquery: no query of its own)
         ("SELECT", "runs_run"),
         ("INSERT", "runs_effect"),  # the key's effect, inserted claimed (ON CONFLICT)
         ("SELECT", "runs_effect"),  # the key's effect locked, its tombstone, the last seq
