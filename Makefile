@@ -78,16 +78,18 @@ bench: $(VENV)/.installed-bench
 # MUTATE_JOBS mutants at a time (1: the machine is shared; 2 on an idle 2-core one).
 # Starts afresh: mutants/ holds one run's results. MUTATE_RESUME=1 goes on with a
 # stopped run, re-tests the functions changed since, then the mutants not killed
-# (mutmut keeps a verdict until it is named); a change to [tool.mutmut]'s test list
-# makes mutmut start afresh anyway. The report (var/mutate/report.txt) lists every
-# mutant not killed; mutate.report fails under MUTATE_MIN_SCORE (90) percent killed
-# or on a survivor docs/guarantees.md does not judge.
+# (mutmut keeps a verdict until it is named); test files added to [tool.mutmut]'s
+# list keep the verdicts (mutate/carry_over.py), any other change to it starts
+# afresh. The report (var/mutate/report.txt) lists every mutant not killed;
+# mutate.report fails under MUTATE_MIN_SCORE (90) percent killed or on a survivor
+# docs/guarantees.md does not judge.
 mutate: $(VENV)/.installed-mutate
 	@$(PY) -m startsafe.checkdb "$(MUTATE_DATABASE_URL)"
-	$(if $(MUTATE_RESUME),,rm -rf mutants)
+	$(if $(MUTATE_RESUME),$(PY) -m mutate.carry_over,rm -rf mutants)
 	$(MUTMUT) run --max-children $(MUTATE_JOBS)
 	$(if $(MUTATE_RESUME),names=$$($(PY) -m mutate.report --not-killed); \
 		[ -z "$$names" ] || $(MUTMUT) run --max-children $(MUTATE_JOBS) $$names)
+	$(PY) -m mutate.carry_over --record
 	$(PY) -m mutate.report
 
 lint: install-test

@@ -29,6 +29,7 @@ from runs.lifecycle import (
     set_run_status,
 )
 from runs.models import Effect, EffectStatus, Run, RunStatus
+from runs.policies import HOLD_TOOL_UNCONFIRMED
 
 DECIDE_PERMISSION = "approvals.decide"
 
@@ -76,11 +77,20 @@ def allowed_actions(effect: Effect, user, now: datetime) -> frozenset[str]:
     allowed = {
         action for action, statuses in EFFECT_ACTION_STATUSES.items() if effect.status in statuses
     }
+    if waits_for_admin(effect):
+        allowed.discard("approve")
     if "approve" in allowed:
         allowed.add("edit")
         if has_approved(effect, Actor.for_user(user).label):
             allowed.discard("approve")
     return frozenset(allowed)
+
+
+def waits_for_admin(effect: Effect) -> bool:
+    """Held until an admin confirms its tool (``confirm`` mode): no approval lets it
+    through before that, or the confirmation would mean nothing. Reject and mark done
+    still may."""
+    return (effect.hold or {}).get("reason") == HOLD_TOOL_UNCONFIRMED
 
 
 def allowed_run_actions(run: Run, user) -> frozenset[str]:
@@ -172,6 +182,11 @@ def approve_effect(
         )
 
     def decide(effect: Effect, actor: Actor) -> None:
+        if waits_for_admin(effect):
+            raise NotAllowed(
+                "The tool is new or changed: an admin must confirm it first.",
+                {"status": effect.status, "hold": effect.hold},
+            )
         if edited_args is not None:
             edited_hash = compute_args_hash(edited_args)
             if edited_hash != effect.args_hash:

@@ -16,6 +16,10 @@ OPERATOR_PERMISSIONS = [
     ("runs", "view_call"),
     ("runs", "view_effect"),
     ("runs", "view_effectversion"),
+    # The tool registry: everyone with a role reads tools and their policies.
+    ("runs", "view_tool"),
+    ("runs", "view_tooldeclaration"),
+    ("runs", "view_toolpolicy"),
 ]
 
 ADMIN_PERMISSIONS = OPERATOR_PERMISSIONS + [
@@ -24,6 +28,10 @@ ADMIN_PERMISSIONS = OPERATOR_PERMISSIONS + [
     ("runs", "view_agent"),
     ("runs", "add_agent"),
     ("runs", "change_agent"),
+    # Admins confirm tools (change_tool) and edit their policies.
+    ("runs", "change_tool"),
+    ("runs", "add_toolpolicy"),
+    ("runs", "change_toolpolicy"),
 ]
 
 ROLES = {"operators": OPERATOR_PERMISSIONS, "admins": ADMIN_PERMISSIONS}

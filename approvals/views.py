@@ -101,6 +101,9 @@ QUEUE_EFFECT_FIELDS = (
     "preview",
     "approvals_required",
     "current_approvals",
+    # Why it waits (key drift, an unconfirmed tool, a policy rule); allowed_actions
+    # reads it too (no approval before an admin confirms the tool).
+    "hold",
     "created_at",
     "approval_expires_at",
     "claimed_attempt",

@@ -1,11 +1,26 @@
-"""Django admin: agents (create, deactivate, rotate a token shown once), the journal read-only."""
+"""Django admin: agents (create, deactivate, rotate a token shown once, their tool
+mode), tools (confirm) and their policies (edit), the journal read-only."""
 
 from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.db import models
+from django.utils import timezone
 
-from runs.models import Agent, Attempt, AuditEvent, Call, Effect, EffectVersion, Run
+from runs.audit import Actor, new_event
+from runs.models import (
+    Agent,
+    Attempt,
+    AuditEvent,
+    Call,
+    Effect,
+    EffectVersion,
+    Run,
+    Tool,
+    ToolDeclaration,
+    ToolPolicy,
+)
+from runs.registry import confirm_tool, record_policy_change
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -23,10 +38,17 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
-    list_display = ["name", "is_active", "token_hint", "created_at", "token_rotated_at"]
-    list_filter = ["is_active"]
+    list_display = [
+        "name",
+        "is_active",
+        "tool_mode",
+        "token_hint",
+        "created_at",
+        "token_rotated_at",
+    ]
+    list_filter = ["is_active", "tool_mode"]
     search_fields = ["name"]
-    fields = ["name", "is_active", "token_hint", "created_at", "token_rotated_at"]
+    fields = ["name", "is_active", "tool_mode", "token_hint", "created_at", "token_rotated_at"]
     readonly_fields = ["token_hint", "created_at", "token_rotated_at"]
     actions = ["rotate_tokens", "deactivate"]
 
@@ -43,6 +65,16 @@ class AgentAdmin(admin.ModelAdmin):
             )
         else:
             super().save_model(request, obj, form, change)
+        if change and "tool_mode" in form.changed_data:
+            # Which tools an agent may call is a policy: its changes are audited.
+            event = new_event(
+                Actor.for_user(request.user),
+                "tool_mode_changed",
+                at=timezone.now(),
+                data={"from": form.initial.get("tool_mode"), "to": obj.tool_mode},
+            )
+            event.agent = obj
+            event.save(force_insert=True)
 
     @admin.action(
         description="Rotate the token (the new one is shown once)", permissions=["change"]
@@ -113,3 +145,95 @@ class AuditEventAdmin(ReadOnlyAdmin):
     list_display = ["at", "actor", "verb", "run", "effect", "old_status", "new_status"]
     list_filter = ["verb", "actor_kind"]
     search_fields = ["actor", "note"]
+
+
+# --- The tool registry -------------------------------------------------------------
+
+
+class ToolDeclarationInline(admin.TabularInline):
+    model = ToolDeclaration
+    extra = 0
+    can_delete = False
+    fields = ["first_seen_at", "source", "fingerprint", "declaration"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Tool)
+class ToolAdmin(admin.ModelAdmin):
+    """Tools register themselves (runs/registry.py); an admin confirms them here.
+
+    Every field is read-only: the declaration is the agent's, the one in force
+    changes only by a confirmation (the action), which is audited."""
+
+    list_display = ["name", "agent", "state", "short_fingerprint", "updated_at"]
+    list_filter = ["state", "agent"]
+    search_fields = ["name"]
+    fields = [
+        "agent",
+        "name",
+        "state",
+        "fingerprint",
+        "declaration",
+        "adopted_fingerprint",
+        "adopted",
+        "confirmed_by",
+        "confirmed_at",
+        "created_at",
+        "updated_at",
+    ]
+    readonly_fields = fields
+    inlines = [ToolDeclarationInline]
+    actions = ["confirm"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="fingerprint")
+    def short_fingerprint(self, tool: Tool) -> str:
+        return tool.fingerprint[:12]
+
+    @admin.action(
+        description="Confirm the latest declaration (held effects go on)", permissions=["change"]
+    )
+    def confirm(self, request, queryset):
+        for tool in queryset:
+            confirm_tool(request.user, tool.pk)
+        messages.info(request, f"{queryset.count()} tool(s) confirmed.")
+
+
+@admin.register(ToolPolicy)
+class ToolPolicyAdmin(admin.ModelAdmin):
+    """An admin's rules for a tool (runs/policies.py applies them); each save is audited."""
+
+    list_display = ["tool", "kind", "needs_approval", "approvals_required", "on_expiry"]
+    list_filter = ["on_expiry", "needs_approval"]
+    search_fields = ["tool__name"]
+    raw_id_fields = ["tool"]
+    fields = [
+        "tool",
+        "kind",
+        "needs_approval",
+        "approvals_required",
+        "approval_ttl",
+        "on_expiry",
+        "rules",
+        "updated_by",
+        "updated_at",
+    ]
+    readonly_fields = ["updated_by", "updated_at"]
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a tool's rules are loosened by editing them, which is audited
+
+    def save_model(self, request, obj, form, change):
+        now = timezone.now()
+        obj.updated_by = request.user
+        obj.updated_at = now
+        super().save_model(request, obj, form, change)
+        record_policy_change(request.user, obj, created=not change, now=now)

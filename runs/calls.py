@@ -47,6 +47,16 @@ from runs.models import (
     KeyTombstone,
     Run,
 )
+from runs.policies import (
+    Gate,
+    drift_origin,
+    effective_rule,
+    gate,
+    matching_rule,
+    policy_hold,
+    tool_unconfirmed,
+)
+from runs.registry import register_from_call, rule_of, rule_subquery
 from runs.verdict import keep_verdict_blocked
 
 # --- Calls --------------------------------------------------------------------
@@ -59,23 +69,29 @@ class Recorded:
     effect: Effect | None
 
 
-def _lock_run_for_call(agent: Agent, run_id: Any, attempt: int) -> tuple[Run, Any]:
-    """The run locked, and the id of its running attempt ``attempt``.
+def _lock_run_for_call(
+    agent: Agent, run_id: Any, attempt: int, tool: str
+) -> tuple[Run, Any, dict | None]:
+    """The run locked, the id of its running attempt ``attempt``, and the tool's rule
+    in the registry (``registry.rule_subquery``; None for a tool not registered).
 
-    The attempt's id comes with the lock (one query fewer on the API's hot write
-    path): that row existed before this request could name its number.
+    The attempt's id and the tool's rule come with the lock (no query of their own
+    on the API's hot write path): the attempt existed before this request could name
+    its number, and the registry is read as it is when the run's lock is granted.
     """
     # order_by(): (run, number) is unique, and Attempt's default ordering would join
     # the run again and sort, for one row.
     same = Attempt.objects.filter(run_id=OuterRef("pk"), number=attempt).order_by()
     attempt_id = same.values("pk")[:1]
-    locked = Run.objects.select_for_update(of=("self",)).annotate(attempt_id=Subquery(attempt_id))
+    locked = Run.objects.select_for_update(of=("self",)).annotate(
+        attempt_id=Subquery(attempt_id), tool_rule=rule_subquery(tool)
+    )
     try:
         run = locked.get(pk=run_id, agent=agent)
     except Run.DoesNotExist:
         raise NotFound("No such run for this agent.") from None
     require_current_and_running(run, attempt)
-    return run, run.attempt_id
+    return run, run.attempt_id, run.tool_rule
 
 
 def _last_seq(attempt_id: Any):
@@ -113,11 +129,18 @@ def record_call(
 ) -> Recorded:
     """Record a tool call before it is made, and answer what to do (api.md, ``/calls``).
 
-    1. Lock the run; the attempt must be its current running one.
-    2. A read is journaled and executes.
+    1. Lock the run; the attempt must be its current running one. The tool's rule
+       in the registry comes with the lock; a tool not registered is registered
+       from this call (refused under the agent's ``closed`` mode).
+    2. The effective rule (runs/policies.py): the stricter of the call, the tool's
+       declaration in force and its policy. A read of a tool that is an effect is
+       recorded as an effect; a read is journaled and executes.
     3. An effect finds its effect by key (creating it, race-safely, if the key is
-       new), or creates an unkeyed one.
-    4. Other arguments become a version; what it does depends on the status.
+       new), or creates an unkeyed one. A new effect opens as ``policies.gate``
+       says (blocked, held, approved by the policy, awaiting, or claimed); a
+       restarted attempt's new key is checked for drift (``drift_origin``).
+    4. Other arguments become a version; what it does depends on the status (and
+       never gets fewer approvers than the arguments' rule asks).
     5. The status gives the action; a claimable effect is claimed here.
 
     ``savepoint``: see runs/lifecycle.py's docstring.
@@ -136,7 +159,29 @@ def record_call(
     actor = Actor.for_agent(agent)
     digest = compute_args_hash(args)
     with transaction.atomic(savepoint=savepoint):
-        run, attempt_id = _lock_run_for_call(agent, run_id, attempt)
+        run, attempt_id, rule = _lock_run_for_call(agent, run_id, attempt, tool)
+        if rule is None:
+            rule = register_from_call(
+                agent,
+                tool,
+                kind=kind,
+                key_source=key_source,
+                now=now,
+            )
+        else:
+            rule = rule_of(rule)
+        call_asks = {
+            "kind": kind,
+            "needs_approval": needs_approval,
+            "approvals_required": approvals_required,
+            "approval_ttl": approval_ttl,
+        }
+        policy = rule["policy"]
+        effective = effective_rule(
+            rule["adopted"], policy, default_ttl=default_approval_ttl(), call=call_asks
+        )
+        # A read of a tool registered (or made by its policy) an effect is one.
+        kind = effective.kind
         call = Call(
             run=run,
             attempt_id=attempt_id,
@@ -155,26 +200,49 @@ def record_call(
             return Recorded(call, Action.EXECUTE, None)
 
         declared = {
-            "needs_approval": needs_approval,
-            "approvals_required": approvals_required if needs_approval else 1,
-            "approval_ttl": approval_ttl or default_approval_ttl(),
+            "approval_ttl": effective.approval_ttl,
+            "on_expiry": effective.on_expiry,
             "timeout": timeout,
             "preview": preview or "",
         }
+        args_rule = matching_rule(policy["rules"] if policy else None, args)
+        gated = {
+            "tool": tool,
+            "rule": args_rule,
+            "unconfirmed": tool_unconfirmed(agent.tool_mode, rule["state"]),
+        }
+        opening = gate(effective, **gated)
         effect, created, last_seq = _find_or_create_effect(
-            agent, run, attempt, attempt_id, tool, key, key_source, args, digest, declared, now
+            agent,
+            run,
+            attempt,
+            attempt_id,
+            tool,
+            key,
+            key_source,
+            args,
+            digest,
+            declared,
+            opening,
+            now,
         )
         call.seq = _next_seq(attempt_id) if last_seq is None else last_seq + 1
         if created:
             version_adopted = True
-            action = _record_creation(effect, run, attempt, actor, now)
+            if key is not None and effect.key == key:
+                origin = drift_origin(run, attempt, attempt_id, tool, key)
+                if origin is not None:
+                    opening = gate(effective, drift_from=origin, **gated)
+                    _open(effect, opening, run, attempt, now)
+                    effect.save()
+            action = _record_creation(effect, opening, run, attempt, actor, now)
         else:
             if effect.tool != tool:
                 raise KeyConflict(
                     f"The key {key!r} belongs to the tool {effect.tool!r}.", {"tool": effect.tool}
                 )
             version_adopted = _apply_call_to_existing(
-                effect, run, attempt, args, digest, actor, now
+                effect, run, attempt, args, digest, actor, now, args_rule
             )
             action = _act_on_status(effect, run, attempt, actor, now)
         call.effect = effect
@@ -187,30 +255,48 @@ def record_call(
     return Recorded(call, action, effect)
 
 
-def _record_creation(effect: Effect, run: Run, attempt: int, actor: Actor, now: datetime) -> str:
-    """The audit trail of a new effect: recorded, then claimed if it was.
+def _record_creation(
+    effect: Effect, opening: Gate, run: Run, attempt: int, actor: Actor, now: datetime
+) -> str:
+    """The audit trail of a new effect: recorded, decided by its policy's rule if it
+    was, then claimed if it was.
 
-    A new effect that needs no approval is inserted already claimed by the recording
-    attempt (``_new_effect``): the same rows as an insert then a claim, one UPDATE
-    fewer on the API's hot write path; both events go in one statement.
+    A new effect that is claimable at once is inserted already claimed by the
+    recording attempt (``_open``): the same rows as an insert then a claim, one
+    UPDATE fewer on the API's hot write path; the events go in one statement. A
+    policy's automatic approval or block is audited as a person's decision is
+    (``approved``, ``rejected``), by ``policy:<rule id>``.
     """
     claimed = effect.status == EffectStatus.IN_FLIGHT
+    decided = opening.decided_by is not None
     common = {"at": now, "run": run, "effect": effect, "attempt_number": attempt}
-    events = [
-        new_event(
-            actor,
-            "recorded",
-            new_status=EffectStatus.PENDING if claimed else effect.status,
-            data={"key": effect.key, "tool": effect.tool, "args_hash": effect.args_hash},
-            **common,
+    data = {"key": effect.key, "tool": effect.tool, "args_hash": effect.args_hash}
+    if effect.hold:
+        data["hold"] = effect.hold
+    status = EffectStatus.AWAITING_APPROVAL if decided else effect.status
+    if claimed and not decided:
+        status = EffectStatus.PENDING
+    events = [new_event(actor, "recorded", new_status=status, data=data, **common)]
+    if decided:
+        verb = "approved" if opening.status == EffectStatus.APPROVED else "rejected"
+        events.append(
+            new_event(
+                Actor(kind="policy", label=opening.decided_by),
+                verb,
+                old_status=status,
+                new_status=opening.status,
+                note=opening.note,
+                data={"final": True} if verb == "rejected" else None,
+                **common,
+            )
         )
-    ]
+        status = opening.status
     if claimed:
         events.append(
             new_event(
                 actor,
                 "claimed",
-                old_status=EffectStatus.PENDING,
+                old_status=status,
                 new_status=EffectStatus.IN_FLIGHT,
                 **common,
             )
@@ -232,6 +318,7 @@ def _find_or_create_effect(
     args: dict,
     digest: str,
     declared: dict,
+    opening: Gate,
     now: datetime,
 ) -> tuple[Effect, bool, int | None]:
     """The effect a call names (the existing one for its key, locked, or a new one),
@@ -245,7 +332,9 @@ def _find_or_create_effect(
     insert, so it also sees the tombstone of a prune that deleted the key's old
     effect while the insert waited on it.
     """
-    effect = _new_effect(agent, run, attempt, tool, key, key_source, args, digest, declared, now)
+    effect = _new_effect(
+        agent, run, attempt, tool, key, key_source, args, digest, declared, opening, now
+    )
     if key is None:
         effect.save(force_insert=True)
         return effect, True, None
@@ -267,7 +356,9 @@ def _find_or_create_effect(
     if restored is not None:
         return restored, False, last_seq
     # A tombstone of a key that never ran: the call declares a fresh effect.
-    effect = _new_effect(agent, run, attempt, tool, key, key_source, args, digest, declared, now)
+    effect = _new_effect(
+        agent, run, attempt, tool, key, key_source, args, digest, declared, opening, now
+    )
     return (*insert_or_lock_winner(effect, same_key), last_seq)
 
 
@@ -281,10 +372,10 @@ def _new_effect(
     args: dict,
     digest: str,
     declared: dict,
+    opening: Gate,
     now: datetime,
 ) -> Effect:
-    """A new effect of this call, not saved yet: awaiting approval, or claimed by it."""
-    needs_approval = declared["needs_approval"]
+    """A new effect of this call, not saved yet, as its rule opens it (``_open``)."""
     effect = Effect(
         agent=agent,
         run=run,
@@ -294,20 +385,51 @@ def _new_effect(
         args=args,
         args_hash=digest,
         args_versions=1,
-        status=EffectStatus.AWAITING_APPROVAL if needs_approval else EffectStatus.PENDING,
         created_at=now,
         updated_at=now,
         **declared,
     )
-    if needs_approval:
-        set_deadline(effect, now)
-    else:
-        # Claimable at once: inserted claimed (``_record_creation`` writes both
-        # events), with the revision an insert and a claim would have given it.
-        set_claim(effect, run, attempt, now)
-        effect.status = EffectStatus.IN_FLIGHT
-        effect.revision += 1
+    _open(effect, opening, run, attempt, now)
     return effect
+
+
+def _open(effect: Effect, opening: Gate, run: Run, attempt: int, now: datetime) -> None:
+    """Give a new effect the state its rule opens it in (runs/policies.py ``gate``):
+    awaiting approval (held or not), rejected by a block rule, or claimable, which
+    is inserted claimed by the recording attempt (approved first by an automatic
+    approval), with the revision an insert and each change would have given it."""
+    effect.status = opening.status
+    effect.needs_approval = opening.needs_approval
+    effect.approvals_required = opening.approvals_required
+    effect.hold = opening.hold
+    effect.revision = 1
+    effect.decision = None
+    effect.current_approvals = []
+    effect.approval_expires_at = None
+    effect.claimed_run = None
+    effect.claimed_attempt = effect.claimed_at = effect.first_claimed_at = None
+    effect.timeout_at = None
+    if opening.status == EffectStatus.AWAITING_APPROVAL:
+        set_deadline(effect, now)
+        return
+    if opening.status == EffectStatus.REJECTED:
+        effect.decide("rejected", opening.decided_by, now, opening.note, final=True)
+        effect.revision += 1
+        return
+    if opening.status == EffectStatus.APPROVED:
+        effect.decide("approved", opening.decided_by, now, opening.note)
+        effect.current_approvals = [
+            {
+                "by": opening.decided_by,
+                "at": now.isoformat(),
+                "note": opening.note,
+                "args_hash": effect.args_hash,
+            }
+        ]
+        effect.revision += 1
+    set_claim(effect, run, attempt, now)
+    effect.status = EffectStatus.IN_FLIGHT
+    effect.revision += 1
 
 
 # What a pruned key comes back as (product.md rule 8: keys do not expire). An
@@ -390,12 +512,21 @@ def _restore_from_tombstone(tombstone: KeyTombstone, run: Run, now: datetime) ->
 
 
 def _apply_call_to_existing(
-    effect: Effect, run: Run, attempt: int, args: dict, digest: str, actor: Actor, now: datetime
+    effect: Effect,
+    run: Run,
+    attempt: int,
+    args: dict,
+    digest: str,
+    actor: Actor,
+    now: datetime,
+    args_rule: dict | None = None,
 ) -> bool | None:
     """Apply a replayed call to an existing effect (the caller holds its lock).
 
     Returns None when the arguments are the current ones, True when the new
     version was adopted, False when it was kept as drift (frozen content).
+    ``args_rule``: the tool's argument rule the new arguments match; an adopted
+    version never gets less approval than it asks (``_tighten``).
     """
     expire_if_past_deadline(effect, now)
     if effect.status == EffectStatus.IN_FLIGHT and not _holder_is_running(effect, run, attempt):
@@ -430,6 +561,9 @@ def _apply_call_to_existing(
     effect.args_hash = digest
     # Approvals name the version they approved; the new one starts with none.
     effect.current_approvals = []
+    blocked = _tighten(effect, args_rule)
+    if effect.needs_approval and new_status in (EffectStatus.PENDING, EffectStatus.FAILED):
+        new_status = EffectStatus.AWAITING_APPROVAL
     if new_status == EffectStatus.AWAITING_APPROVAL and status != EffectStatus.AWAITING_APPROVAL:
         set_deadline(effect, now)
     save_effect(
@@ -442,7 +576,42 @@ def _apply_call_to_existing(
         attempt_number=attempt,
         data={"args_hash": digest},
     )
+    if blocked:
+        # The policy's block, audited as a person's rejection is (final).
+        by = f"policy:{args_rule['id']}"
+        effect.hold = policy_hold(effect.tool, args_rule)
+        effect.decide("rejected", by, now, effect.hold["message"], final=True)
+        save_effect(
+            effect,
+            Actor(kind="policy", label=by),
+            "rejected",
+            now,
+            status=EffectStatus.REJECTED,
+            note=effect.hold["message"],
+            run=run,
+            attempt_number=attempt,
+            data={"final": True},
+        )
     return True
+
+
+def _tighten(effect: Effect, args_rule: dict | None) -> bool:
+    """The new arguments of an effect under the argument rule they match: more
+    approvers for a ``require`` rule, never fewer; True for a ``block`` rule (the
+    caller rejects it, finally, by ``policy:<rule id>``). An ``approve`` rule
+    decides nothing here: a revision waits for a person as it did."""
+    if args_rule is None:
+        return False
+    if args_rule["action"] == "block":
+        return True
+    if args_rule["action"] == "require":
+        required = int(args_rule.get("approvals", 1))
+        if not effect.needs_approval or effect.approvals_required < required:
+            effect.approvals_required = (
+                max(effect.approvals_required, required) if effect.needs_approval else required
+            )
+            effect.needs_approval = True
+    return False
 
 
 def _holder_is_running(effect: Effect, run: Run, attempt: int) -> bool:

@@ -52,6 +52,13 @@ class KeyConflict(JournalError):
     status = 409
 
 
+class ToolNotRegistered(JournalError):
+    """Under an agent's ``closed`` mode, a tool that is not registered."""
+
+    code = "tool_not_registered"
+    status = 409
+
+
 class ClaimConflict(JournalError):
     code = "claim_conflict"
     status = 409

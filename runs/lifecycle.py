@@ -50,6 +50,7 @@ from runs.models import (
     Effect,
     EffectStatus,
     EffectVersion,
+    OnExpiry,
     Run,
     RunStatus,
 )
@@ -216,6 +217,13 @@ def expire_if_past_deadline(effect: Effect, now: datetime) -> bool:
     """
     if not is_past_deadline(effect, now):
         return False
+    if effect.on_expiry == OnExpiry.REJECT:
+        # The tool's policy says nobody deciding is a refusal (runs/policies.py):
+        # rejected by the system, and not final, so a revision asks again.
+        note = "No decision before the deadline: the tool's policy rejects."
+        effect.decide("rejected", "system", now, note)
+        save_effect(effect, SYSTEM, "rejected", now, status=EffectStatus.REJECTED, note=note)
+        return True
     effect.decide("expired", "system", now, "No decision before the deadline.")
     save_effect(effect, SYSTEM, "expired", now, status=EffectStatus.EXPIRED)
     return True

@@ -39,6 +39,17 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+class ToolMode(models.TextChoices):
+    """How an agent's tools are admitted (product.md, "Tool registry and policies")."""
+
+    # New tools register as declared.
+    OPEN = "open"
+    # The effects of a new or changed tool wait until an admin confirms the tool.
+    CONFIRM = "confirm"
+    # An unregistered tool is refused (409 tool_not_registered).
+    CLOSED = "closed"
+
+
 class Agent(models.Model):
     """An API client identity. Its token is stored hashed, never in clear."""
 
@@ -50,6 +61,10 @@ class Agent(models.Model):
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     token_rotated_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Read with the token's row (runs/api/auth.py), so the call path pays no query for it.
+    tool_mode = models.CharField(
+        max_length=10, choices=ToolMode.choices, default=ToolMode.OPEN, db_default=ToolMode.OPEN
+    )
 
     class Meta:
         ordering = ["name"]
@@ -256,6 +271,11 @@ class EffectStatus(models.TextChoices):
     UNKNOWN = "unknown"
 
 
+class OnExpiry(models.TextChoices):
+    EXPIRE = "expire"
+    REJECT = "reject"
+
+
 # An effect in one of these may be claimed (and so executed).
 CLAIMABLE_STATUSES = (EffectStatus.PENDING, EffectStatus.APPROVED, EffectStatus.FAILED)
 
@@ -306,6 +326,15 @@ class Effect(models.Model):
     decision = models.JSONField(null=True, blank=True)
     # Grows with every change; the poll's ETag is built from it.
     revision = models.PositiveIntegerField(default=1)
+    # Why the server made it wait although its call asked for less (api.md, "Additions
+    # in v1"): {"reason": key_drift|tool_unconfirmed|policy_rule, "message",
+    # "effect_id"} or null. Set when the effect is recorded (runs/policies.py).
+    hold = models.JSONField(null=True, blank=True)
+    # What its approval deadline does when nobody decided: "expire" or "reject"
+    # (the tool's policy, fixed when the effect is recorded).
+    on_expiry = models.CharField(
+        max_length=10, choices=OnExpiry.choices, default=OnExpiry.EXPIRE, db_default="expire"
+    )
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
 
@@ -511,6 +540,133 @@ class AuditEvent(models.Model):
 
     def delete(self, *args, **kwargs):
         raise ValueError("Audit events are append-only.")
+
+
+# --- The tool registry (product.md, "Tool registry and policies") ------------------
+#
+# The tools declare, the server holds the line: runs/registry.py keeps the
+# declarations, runs/policies.py evaluates the rules, runs/calls.py applies them.
+
+
+class ToolState(models.TextChoices):
+    # Registered by its first declaration (or first call), not confirmed by an admin.
+    REGISTERED = "registered"
+    # An admin confirmed the declaration in force.
+    CONFIRMED = "confirmed"
+    # A later declaration differs from the one in force: recorded, shown, not adopted
+    # where it would loosen (``adopted`` keeps the stricter of the two).
+    CHANGED = "changed"
+
+
+class Tool(models.Model):
+    """A tool of an agent: (agent, name), its latest declaration and the one in force.
+
+    ``declaration`` is what the agent declared last (its ``fingerprint``, SHA-256 of
+    its canonical JSON); ``adopted`` is the declaration in force, which a change
+    never loosens: it is the first declaration, made stricter by each change, until
+    an admin confirms the latest one (runs/registry.py).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Indexed by tool_name_unique_per_agent, which leads with it.
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="tools", db_index=False)
+    name = models.CharField(max_length=100)
+    declaration = models.JSONField()
+    fingerprint = models.CharField(max_length=64)
+    adopted = models.JSONField()
+    adopted_fingerprint = models.CharField(max_length=64)
+    state = models.CharField(max_length=12, choices=ToolState.choices, default=ToolState.REGISTERED)
+    confirmed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    confirmed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["agent", "name"]
+        constraints = [
+            # Concurrent first declarations (or first calls) of one tool make one row.
+            models.UniqueConstraint(fields=["agent", "name"], name="tool_name_unique_per_agent"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ToolDeclaration(models.Model):
+    """One distinct declaration a tool was ever given: its history."""
+
+    # Indexed by tool_declaration_unique_fingerprint, which leads with it.
+    tool = models.ForeignKey(
+        Tool, on_delete=models.CASCADE, related_name="declarations", db_index=False
+    )
+    fingerprint = models.CharField(max_length=64)
+    declaration = models.JSONField()
+    # "call" when the first call of an undeclared tool registered it, else "declared".
+    source = models.CharField(max_length=10, default="declared")
+    first_seen_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["tool", "first_seen_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tool", "fingerprint"], name="tool_declaration_unique_fingerprint"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_id} {self.fingerprint[:12]}"
+
+
+class ToolPolicy(models.Model):
+    """An admin's rules for one tool; the stricter of these and the declaration
+    applies, except an argument rule's automatic approval (runs/policies.py).
+
+    ``rules``: argument rules tried in order, the first match winning, each
+    ``{"id", "pointer" (JSON Pointer), "op" (= ≠ < ≤ > ≥ in contains matches),
+    "value", "action" (require|block|approve), "approvals" (1–3, for require)}``.
+    """
+
+    tool = models.OneToOneField(Tool, on_delete=models.CASCADE, related_name="policy")
+    # Null: the declaration's kind. "effect" makes a tool declared read an effect.
+    kind = models.CharField(max_length=10, choices=CallKind.choices, null=True, blank=True)
+    needs_approval = models.BooleanField(default=False)
+    approvals_required = models.PositiveSmallIntegerField(default=1)
+    # Seconds; null: the effect's own (or the settings' default).
+    approval_ttl = models.PositiveIntegerField(null=True, blank=True)
+    on_expiry = models.CharField(max_length=10, choices=OnExpiry.choices, default=OnExpiry.EXPIRE)
+    rules = models.JSONField(default=list, blank=True)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name_plural = "tool policies"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(approvals_required__gte=1) & Q(approvals_required__lte=3),
+                name="tool_policy_approvals_required_1_to_3",
+            ),
+            models.CheckConstraint(
+                condition=Q(approval_ttl__isnull=True)
+                | (Q(approval_ttl__gte=60) & Q(approval_ttl__lte=2_592_000)),
+                name="tool_policy_approval_ttl_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"policy of {self.tool}"
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        from runs.policies import rule_errors
+
+        errors = rule_errors(self.rules)
+        if errors:
+            raise ValidationError({"rules": errors})
 
 
 class IdempotentRequest(models.Model):

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from runs.audit import Actor, record_event
@@ -114,13 +115,18 @@ def complete_effect(
         report = {"outcome": outcome, "result": result, "error": error, "attempt": attempt}
         if holder and effect.status == EffectStatus.DONE and outcome == "done":
             # A repeated report keeps the first result. When a person or a lookup
-            # settled it first, the holder's own report is still the truth someone
-            # may need: keep it in the audit log (once, retries are not news).
-            settled_by_other = (effect.decision or {}).get("verb") in ("marked_done", "reconciled")
-            already_kept = AuditEvent.objects.filter(
-                effect=effect, verb="late_report", data=report
+            # settled it, the holder's own report is still the truth someone may
+            # need: keep it in the audit log (once, retries are not news). Who made
+            # it done is read from the log, not from ``decision``: a lookup's not_done
+            # before this claim leaves its decision there, and the holder's retried
+            # report would show operators a "late report" of its own. A report that
+            # made it done was the holder's: done is final, and keeps its claim.
+            made_done_or_kept = AuditEvent.objects.filter(
+                Q(verb__in=("completed", "completed_late"), new_status=EffectStatus.DONE)
+                | Q(verb="late_report", data=report),
+                effect=effect,
             ).exists()
-            if settled_by_other and not already_kept:
+            if not made_done_or_kept:
                 _keep_late_report(effect, run, attempt, actor, now, report)
             return effect
         conflict = None

@@ -132,7 +132,6 @@ def _interrupt(run_ids: list, now: datetime, report: SweepReport) -> int:
             verdict = verdicts[run.pk]
             why = _why_needs_person(run, verdict.safe)
             if why is None:
-                run.restart_ready = True
                 run.auto_restarts += 1
                 ready.append(run)
                 verb, note = "restart_ready", "The verdict is safe: handed back to its runtime."

@@ -211,6 +211,9 @@ API = {
     ("POST", "/api/v1/effects/{effect_id}/claim"): OWN,
     ("POST", "/api/v1/effects/{effect_id}/complete"): OWN,
     ("POST", "/api/v1/effects/{effect_id}/reconcile"): OWN,
+    # Each agent declares and lists its own tools (another's are never listed).
+    ("POST", "/api/v1/tools"): LIST,
+    ("GET", "/api/v1/tools"): LIST,
 }
 
 
@@ -223,6 +226,8 @@ def _api_world(agent):
 def _api_body(path: str, run, effect) -> dict:
     if path.endswith("/runs"):
         return {"run_key": "new-run"}
+    if path.endswith("/tools"):
+        return {"tools": [{"name": "search", "kind": "read"}]}
     if path.endswith("heartbeat"):
         return {"attempt": 1}
     if path.endswith("finish"):
@@ -272,4 +277,4 @@ def test_api_access(method, path, role, agent, other_agent, operator):
 def test_matrix_size():
     # The figures of the report: addresses × roles walked above.
     assert len(CELLS) == (len(CONSOLE) + len(OTHERS)) * len(CONSOLE_ROLES) == 95
-    assert len(API_CELLS) == len(API) * len(API_ROLES) == 44
+    assert len(API_CELLS) == len(API) * len(API_ROLES) == 52

@@ -19,6 +19,7 @@ from lifecycle_helpers import send, start
 from approvals.decisions import approve_effect
 from runs.lifecycle import heartbeat, start_run
 from runs.outcomes import claim_effect, complete_effect
+from runs.registry import declare_tools
 
 pytestmark = pytest.mark.django_db
 
@@ -57,11 +58,20 @@ def test_start_of_a_new_run(agent):
     ]
 
 
+def _declared(agent) -> None:
+    """The agent's tool declared, as the clients do once per process before the first
+    call (api.md, ``POST /tools``): the calls below are the steady state."""
+    declare_tools(agent, [{"name": "send_email", "kind": "effect"}])
+
+
 def test_record_of_a_new_key(agent):
+    _declared(agent)
     run = start(agent).run
     _, statements = _run(send, agent, run, key="budget:1")
     assert statements == [
-        ("SELECT", "runs_run"),  # the run locked, with its running attempt's id
+        # the run locked, with its running attempt's id and the tool's registered
+        # rule (runs/registry.py rule_subquery: no query of its own)
+        ("SELECT", "runs_run"),
         ("INSERT", "runs_effect"),  # the key's effect, inserted claimed (ON CONFLICT)
         ("SELECT", "runs_effect"),  # the key's effect locked, its tombstone, the last seq
         ("INSERT", "runs_auditevent"),  # recorded and claimed, one statement
@@ -70,7 +80,25 @@ def test_record_of_a_new_key(agent):
     ]
 
 
+def test_first_call_of_an_undeclared_tool_registers_it(agent):
+    # Once per (agent, tool), ever: the call's own declaration registers the tool.
+    run = start(agent).run
+    _, statements = _run(send, agent, run, key="budget:1")
+    assert statements == [
+        ("SELECT", "runs_run"),  # the run locked, its attempt's id, the tool's rule: none
+        ("INSERT", "runs_tool"),  # the tool, unless a concurrent first call won (ON CONFLICT)
+        ("SELECT", "runs_tool"),  # the tool that stands, locked: this one
+        ("INSERT", "runs_tooldeclaration"),  # its first declaration, in its history
+        ("INSERT", "runs_effect"),
+        ("SELECT", "runs_effect"),
+        ("INSERT", "runs_auditevent"),
+        ("INSERT", "runs_call"),
+        ("INSERT", "runs_effectversion"),
+    ]
+
+
 def test_record_of_a_key_again(agent):
+    _declared(agent)
     run = start(agent).run
     send(agent, run, key="budget:1")
     _, statements = _run(send, agent, run, key="budget:1")
@@ -84,6 +112,7 @@ def test_record_of_a_key_again(agent):
 
 
 def test_claim_of_an_approved_effect(agent, operator):
+    _declared(agent)
     run = start(agent).run
     effect = send(agent, run, key="budget:1", needs_approval=True).effect
     approve_effect(operator, effect.pk, args_hash=effect.args_hash)
@@ -98,6 +127,7 @@ def test_claim_of_an_approved_effect(agent, operator):
 
 
 def test_complete(agent):
+    _declared(agent)
     run = start(agent).run
     effect = send(agent, run, key="budget:1").effect
     _, statements = _run(

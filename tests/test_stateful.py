@@ -2,9 +2,12 @@
 
 Random starts, superseding restarts, calls with a few keys and argument variants,
 claims, completions, reconciles, decisions by two operators, finishes, sweeps and
-a moving clock. After every step: a claim only from a claimable status, ``done``
-never left, rejected or expired never claimed, frozen arguments never changed,
-an audit event for every status change, and a verdict that agrees with the journal.
+a moving clock; tool declarations, admins' policies (argument rules included),
+the agent's tool mode and tool confirmations. After every step: a claim only from
+a claimable status, ``done`` never left, rejected or expired never claimed, frozen
+arguments never changed, an audit event for every status change, a verdict that
+agrees with the journal, and no effect executing with less approval than its
+rule asks.
 Each example uses its own agent, so examples never see each other's keys.
 """
 
@@ -48,8 +51,12 @@ from runs.models import (
     EffectStatus,
     Run,
     RunStatus,
+    Tool,
+    ToolMode,
+    ToolPolicy,
 )
 from runs.outcomes import claim_effect, complete_effect, reconcile_effect
+from runs.registry import confirm_tool, declare_tools
 from runs.sweep import sweep
 from runs.verdict import restart_verdict
 
@@ -60,6 +67,17 @@ EFFECT_KINDS = [
     ("k:approve", "campaign", True, 1),
     ("k:two", "wire", True, 2),
     (None, "log", False, 1),
+]
+TOOLS = ["reply", "campaign", "wire", "log", "search"]
+# Argument rules an admin may set: on the call's variant (args {"v": 0|1|2}).
+POLICY_RULES = [
+    [],
+    [{"id": "auto", "pointer": "/v", "op": "=", "value": 0, "action": "approve"}],
+    [{"id": "stop", "pointer": "/v", "op": "=", "value": 1, "action": "block"}],
+    [
+        {"id": "two", "pointer": "/v", "op": "≥", "value": 1, "action": "require", "approvals": 2},
+        {"id": "auto", "pointer": "/v", "op": "<", "value": 1, "action": "approve"},
+    ],
 ]
 FROZEN = {EffectStatus.APPROVED, EffectStatus.IN_FLIGHT, EffectStatus.DONE, EffectStatus.UNKNOWN}
 REVISABLE = {
@@ -138,6 +156,13 @@ class JournalMachine(RuleBasedStateMachine):
             return
         key, tool, needs_approval, required = EFFECT_KINDS[kind]
         now = self._tick()
+        # What the tool's registered declaration and policy ask, before the call.
+        registered = Tool.objects.filter(agent=self.agent, name=tool).first()
+        policy = ToolPolicy.objects.filter(tool=registered).first() if registered else None
+        asked = needs_approval or bool(
+            (registered and registered.adopted["needs_approval"])
+            or (policy and policy.needs_approval)
+        )
         try:
             if read:
                 record_call(
@@ -173,6 +198,15 @@ class JournalMachine(RuleBasedStateMachine):
             # What the agent executes is the effect's args, claimed by this attempt.
             assert effect.status == EffectStatus.IN_FLIGHT
             assert effect.claimed_by == {"run_id": str(run.pk), "attempt": run.current_attempt}
+            # Never with less approval than the call, the declaration or the policy
+            # asks: a person's, or an admin's automatic approval (policy:<rule>).
+            if asked:
+                assert effect.needs_approval, (tool, effect.decision)
+        if asked:
+            assert effect.needs_approval or effect.status not in (
+                EffectStatus.PENDING,
+                EffectStatus.IN_FLIGHT,
+            )
 
     @rule(
         i=st.integers(0, 2), kind=st.integers(0, len(EFFECT_KINDS) - 1), variant=st.integers(0, 2)
@@ -336,9 +370,17 @@ class JournalMachine(RuleBasedStateMachine):
             assert run.status == RunStatus.RUNNING
             assert run.current_attempt == effect.claimed_attempt
             if effect.needs_approval:
-                # What runs is what enough people approved.
+                # What runs is what enough people approved, or what an admin's rule
+                # approved in advance (policy:<rule id>, for these very arguments).
+                decision = effect.decision or {}
+                by_policy = (
+                    decision.get("verb") == "approved"
+                    and decision.get("by", "").startswith("policy:")
+                    and decision.get("args_hash") == effect.args_hash
+                )
                 approvers = Approval.objects.filter(effect=effect, args_hash=effect.args_hash)
-                assert approvers.values("user").distinct().count() >= effect.approvals_required
+                people = approvers.values("user").distinct().count()
+                assert by_policy or people >= effect.approvals_required
 
     @invariant()
     def the_verdict_agrees_with_the_journal(self):
@@ -379,3 +421,100 @@ def test_the_journal_keeps_its_invariants_under_random_sequences(operator, secon
     assert {"recorded", "claimed"} <= effect_verbs, effect_verbs
     assert effect_verbs & {"completed", "completed_late", "reconciled_done"}, effect_verbs
     assert len(effect_verbs) >= 8, effect_verbs
+
+
+class RegistryMachine(JournalMachine):
+    """The same walk and invariants, with the tool registry in play: declarations,
+    admins' policies with argument rules, the agent's tool mode, confirmations. A
+    machine of its own, so the journal's walk above keeps reaching as far as it did."""
+
+    @initialize()
+    def the_effect_tools_are_declared(self):
+        # As the clients do, so admins' policies have tools to be set on from step
+        # one; "search" registers by its first call.
+        effect_tools = [{"name": name, "kind": "effect"} for name in TOOLS if name != "search"]
+        declare_tools(self.agent, effect_tools, now=self._tick())
+        # And one policy from the start, whose rules every call of "log" meets (two
+        # approvers from v=1 on, automatic approval below): admins change it later.
+        ToolPolicy.objects.create(
+            tool=Tool.objects.get(agent=self.agent, name="log"),
+            rules=POLICY_RULES[3],
+            updated_at=self._tick(),
+        )
+
+    @rule(
+        t=st.integers(0, len(TOOLS) - 1),
+        effect=st.booleans(),
+        needs_approval=st.booleans(),
+        required=st.integers(1, 2),
+    )
+    def declare(self, t, effect, needs_approval, required):
+        declared = {
+            "name": TOOLS[t],
+            "kind": "effect" if effect else "read",
+            "needs_approval": needs_approval,
+            "approvals_required": required,
+        }
+        with contextlib.suppress(JournalError):
+            declare_tools(self.agent, [declared], now=self._tick())
+
+    @rule(
+        # "log" most: unkeyed, each of its calls is a new effect for the rules to meet.
+        name=st.sampled_from(["log", "log", "campaign", "wire", "reply"]),
+        needs_approval=st.booleans(),
+        required=st.integers(1, 2),
+        rules=st.integers(1, len(POLICY_RULES) - 1),
+        on_expiry=st.sampled_from(["expire", "reject"]),
+    )
+    def admin_sets_a_policy(self, name, needs_approval, required, rules, on_expiry):
+        tool = Tool.objects.filter(agent=self.agent, name=name).first()
+        if tool is None:
+            return
+        ToolPolicy.objects.update_or_create(
+            tool=tool,
+            defaults={
+                "needs_approval": needs_approval,
+                "approvals_required": required,
+                "rules": POLICY_RULES[rules],
+                "on_expiry": on_expiry,
+                "updated_at": self._tick(),
+            },
+        )
+
+    @rule(mode=st.sampled_from([ToolMode.OPEN, ToolMode.OPEN, ToolMode.CONFIRM, ToolMode.CLOSED]))
+    def admin_sets_the_tool_mode(self, mode):
+        self.agent.tool_mode = mode
+        self.agent.save(update_fields=["tool_mode"])
+
+    @rule(t=st.integers(0, len(TOOLS) - 1))
+    def admin_confirms_a_tool(self, t):
+        tool = Tool.objects.filter(agent=self.agent, name=TOOLS[t]).first()
+        if tool is not None:
+            confirm_tool(self.operators[0], tool.pk, now=self._tick())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_journal_keeps_its_invariants_with_tool_registry_and_policies(
+    operator, second_operator
+):
+    JournalMachine.operators = [
+        User.objects.get(pk=operator.pk),
+        User.objects.get(pk=second_operator.pk),
+    ]
+    run_state_machine_as_test(
+        RegistryMachine,
+        settings=settings(
+            max_examples=20,
+            stateful_step_count=30,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+            database=None,
+        ),
+    )
+    # The registry's rules were reached: effects decided by a policy's rule (approved
+    # or blocked, audited as policy:<rule id>), held effects, tools confirmed.
+    assert AuditEvent.objects.filter(actor__startswith="policy:").exists()
+    assert Effect.objects.filter(hold__isnull=False).exists()
+    assert AuditEvent.objects.filter(verb="tool_confirmed").exists()
+    assert AuditEvent.objects.filter(verb="claimed").exists()

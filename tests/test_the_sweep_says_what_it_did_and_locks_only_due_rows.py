@@ -17,9 +17,10 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from lifecycle_helpers import send
 
+from approvals.decisions import approve_effect
 from runs import sweep as sweep_module
 from runs.lifecycle import start_run
-from runs.models import Effect, EffectStatus, Run, RunStatus
+from runs.models import AuditEvent, Effect, EffectStatus, Run, RunStatus, TaskState
 from runs.sweep import SweepReport, sweep, time_out_effect
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
@@ -82,13 +83,16 @@ def test_the_log_fields_count_each_list_of_the_report():
 
 
 @pytest.mark.django_db
-def test_a_quiet_sweep_locks_no_healthy_row(agent):
+def test_a_quiet_sweep_locks_no_healthy_row(agent, operator):
     # A run heartbeating within its timeout, an effect in flight within its timeout,
     # an approval within its deadline: nothing is due, so nothing is locked (a lock
     # would make the run's own heartbeat or claim wait on the sweep).
     run = start_run(agent, "healthy", heartbeat_timeout=60, now=T0).run
     send(agent, run, key="in-flight:1", timeout=60, now=T0)
     send(agent, run, key="awaiting:1", needs_approval=True, approval_ttl=3600, now=T0)
+    # Approved before its deadline passed: its deadline no longer counts.
+    approved = send(agent, run, key="approved:1", needs_approval=True, approval_ttl=10, now=T0)
+    approve_effect(operator, approved.effect.pk, args_hash=approved.effect.args_hash, now=later(1))
     assert Effect.objects.filter(status=EffectStatus.IN_FLIGHT).count() == 1
 
     with CaptureQueriesContext(connection) as queries:
@@ -108,7 +112,9 @@ def test_a_full_batch_held_by_another_transaction_is_tried_once_per_sweep(agent,
         with transaction.atomic():
             list(Run.objects.select_for_update().filter(pk__in=[r.pk for r in stale]))
             held.set()
-            release.wait(30)
+            # Not longer than a sweep takes: a sweep that waited on the lock instead of
+            # skipping it would interrupt both runs once it is released.
+            release.wait(10)
         connection.close()
 
     holder = threading.Thread(target=hold_the_rows)
@@ -201,3 +207,125 @@ def test_an_effect_that_left_flight_before_its_lock_does_not_time_out(agent):
 
     effect.refresh_from_db()
     assert (effect.status, report.timed_out) == (EffectStatus.DONE, [])
+
+
+@pytest.mark.django_db
+def test_the_sweeps_audit_events_carry_the_attempt_the_verdict_and_the_count(agent, other_agent):
+    ready = start_run(agent, "job-ready", heartbeat_timeout=5, now=T0).run
+    manual = start_run(
+        other_agent, "job-manual", heartbeat_timeout=5, restart_policy="manual", now=T0
+    ).run
+
+    report = sweep(now=later(6))
+
+    assert (report.restart_ready, report.needs_person) == ([str(ready.pk)], [str(manual.pk)])
+    handed_back = AuditEvent.objects.get(run=ready, verb="restart_ready")
+    assert handed_back.attempt_number == 1
+    assert set(handed_back.data) == {"verdict", "auto_restarts"}
+    assert handed_back.data["auto_restarts"] == 1
+    assert handed_back.data["verdict"]["safe"] is True
+    waits = AuditEvent.objects.get(run=manual, verb="needs_person")
+    assert (waits.attempt_number, waits.note) == (1, "manual policy")
+    assert set(waits.data) == {"verdict"} and waits.data["verdict"]["policy"] == "manual"
+    for run in (ready, manual):
+        stopped = AuditEvent.objects.get(run=run, verb="run_interrupted")
+        assert stopped.note == f"No heartbeat since {run.heartbeat_at.isoformat()}."
+    ready.refresh_from_db()
+    assert (ready.restart_ready, ready.auto_restarts) == (True, 1)
+
+
+@pytest.mark.django_db
+def test_the_one_run_fallback_interrupts_that_run_only(agent, other_agent):
+    first = start_run(agent, "job-1", heartbeat_timeout=5, now=T0).run
+    second = start_run(other_agent, "job-2", heartbeat_timeout=5, now=T0).run
+    report = SweepReport()
+
+    assert sweep_module.interrupt_stale_run(first.pk, later(6), report) is True
+
+    assert report.interrupted == [str(first.pk)]
+    second.refresh_from_db()
+    assert second.status == RunStatus.RUNNING
+
+
+@pytest.mark.django_db
+def test_the_report_counts_the_hand_offs_it_queued(agent, monkeypatch):
+    queued = []
+    monkeypatch.setattr(
+        "runs.handoff.enqueue_handoff", lambda run_id, attempt, **kw: queued.append(run_id)
+    )
+    start_run(agent, "job-1", heartbeat_timeout=5, restart_url="http://runtime.test/r", now=T0)
+    sweep(now=later(6))  # hands it back: its hand-off row is written
+
+    report = sweep(now=later(7))  # the row is due (the test's transaction never commits)
+
+    assert report.handoffs_dispatched == 1 == len(queued)
+    assert report.log_fields()["handoffs_dispatched"] == 1
+
+
+@pytest.mark.django_db
+def test_a_failed_dispatch_is_an_error_of_the_sweep_and_logged(monkeypatch, caplog):
+    def dispatch(now):
+        raise ConnectionError("the broker is down")
+
+    monkeypatch.setattr(sweep_module, "dispatch_due_handoffs", dispatch)
+
+    with caplog.at_level("INFO", logger="startsafe.sweep"):
+        report = sweep(now=later(6))
+
+    assert report.errors == ["dispatch: ConnectionError: the broker is down"]
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "startsafe.sweep"]
+    assert ("ERROR", "event=sweep_dispatch_failed error=ConnectionError") in lines
+
+
+@pytest.mark.django_db
+def test_the_sweep_logs_its_counts_at_info_when_busy_and_at_debug_when_idle(agent, caplog):
+    start_run(agent, "job-1", heartbeat_timeout=5, restart_policy="manual", now=T0)
+
+    with caplog.at_level("DEBUG", logger="startsafe.sweep"):
+        busy = sweep(now=later(6))
+        idle = sweep(now=later(7))
+
+    summaries = [
+        (r.levelname, r.getMessage())
+        for r in caplog.records
+        if r.name == "startsafe.sweep" and r.getMessage().startswith("event=sweep ")
+    ]
+    expected = "event=sweep interrupted={} restart_ready=0 needs_person={} timed_out=0 "
+    expected += "expired=0 handoffs_dispatched=0 errors=0 duration={}"
+    assert summaries == [
+        ("INFO", expected.format(1, 1, f"{busy.duration:.4f}")),
+        ("DEBUG", expected.format(0, 0, f"{idle.duration:.4f}")),
+    ]
+
+
+@pytest.mark.django_db
+def test_the_duration_is_the_time_the_sweep_took():
+    before = sweep_module.time.monotonic()
+    report = sweep(now=later(6))
+    took = sweep_module.time.monotonic() - before
+
+    assert 0 <= report.duration <= took
+
+
+@pytest.mark.django_db
+def test_the_task_state_adds_the_sweeps_counts_and_keeps_its_errors(agent, monkeypatch):
+    start_run(agent, "job-1", heartbeat_timeout=5, restart_policy="manual", now=T0)
+    run = start_run(agent, "job-2", heartbeat_timeout=600, now=T0).run
+    send(agent, run, key="awaiting:1", needs_approval=True, approval_ttl=5, now=T0)
+
+    def dispatch(now):
+        raise ConnectionError("the broker is down")
+
+    def expire(pk, now, report):
+        report.expired.append(str(pk))
+        raise ValueError("and a row")
+
+    monkeypatch.setattr(sweep_module, "dispatch_due_handoffs", dispatch)
+    monkeypatch.setattr(sweep_module, "expire_effect", expire)
+
+    report = sweep(now=later(6))
+
+    state = TaskState.objects.get(name="sweep")
+    assert state.counters == {"interrupted": 1, "expired": 1, "row_errors": 2}
+    assert state.last_error == "; ".join(report.errors)
+    assert state.last_error.count("; ") == 1

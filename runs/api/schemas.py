@@ -269,6 +269,29 @@ class EffectCallIn(In):
 CallIn = Annotated[Union[ReadCallIn, EffectCallIn], Field(discriminator="kind")]  # noqa: UP007
 
 
+class ToolIn(In):
+    """One tool's declaration (api.md, "Additions in v1")."""
+
+    # "schema" would shadow pydantic's BaseModel.schema: the field is named apart.
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=False)
+
+    name: ToolName
+    kind: CallKindName
+    key_source: KeySourceName | None = None
+    needs_approval: StrictBool = False
+    approvals_required: whole(1, 3) = Field(
+        1, description="Distinct operators who must approve; only counts with needs_approval."
+    )
+    schema_: JsonObject | None = Field(
+        None, alias="schema", description="The tool's argument schema (JSON Schema)."
+    )
+    annotations: JsonObject | None = Field(None, description="The tool's MCP annotations.")
+
+
+class ToolsIn(In):
+    tools: list[ToolIn] = Field(min_length=1, max_length=500)
+
+
 class ClaimIn(In):
     run_id: Annotated[UUID, Field(strict=False)]
     attempt: AttemptNumber
@@ -379,11 +402,22 @@ class ApprovalOut(BaseModel):
 
 class DecisionOut(BaseModel):
     verb: Literal["approved", "rejected", "marked_done", "released", "expired", "reconciled"]
-    by: str
+    by: str = Field(
+        description="The operator's username, agent:<name>, system, or policy:<rule id> "
+        "for a tool policy's automatic approval or block"
+    )
     at: str
     note: str
     args_hash: str
     final: bool
+
+
+class HoldOut(BaseModel):
+    """Why the server made an effect wait, or refused it, although its call asked for less."""
+
+    reason: Literal["key_drift", "tool_unconfirmed", "policy_rule"]
+    message: str
+    effect_id: str | None = Field(description="The earlier effect, for key_drift")
 
 
 class ClaimedByOut(BaseModel):
@@ -411,6 +445,7 @@ class EffectOut(BaseModel):
     claimed_by: ClaimedByOut | None
     approval_expires_at: str | None
     decision: DecisionOut | None
+    hold: HoldOut | None
     revision: int
     created_at: str
     updated_at: str
@@ -463,6 +498,50 @@ class EffectOnlyOut(BaseModel):
     effect: EffectOut
 
 
+class ToolPolicyOut(BaseModel):
+    kind: CallKindName | None
+    needs_approval: bool
+    approvals_required: int
+    approval_ttl: int | None
+    on_expiry: Literal["expire", "reject"]
+    rules: list[dict[str, Any]] = Field(
+        description='Argument rules, the first match wins: {"id", "pointer", "op", "value", '
+        '"action": "require|block|approve", "approvals"}'
+    )
+    updated_at: str
+
+
+class EffectiveOut(BaseModel):
+    kind: CallKindName
+    needs_approval: bool
+    approvals_required: int
+    approval_ttl: int
+    on_expiry: Literal["expire", "reject"]
+
+
+class ToolOut(BaseModel):
+    """A registered tool: its latest declaration, its state, its policy and the rule in
+    force (``effective``; argument rules apply per call on top of it)."""
+
+    name: str
+    kind: CallKindName
+    key_source: KeySourceName | None
+    needs_approval: bool
+    approvals_required: int
+    schema_: dict[str, Any] | None = Field(alias="schema")
+    annotations: dict[str, Any] | None
+    fingerprint: str
+    state: Literal["registered", "confirmed", "changed"]
+    policy: ToolPolicyOut | None
+    effective: EffectiveOut
+    created_at: str
+    updated_at: str
+
+
+class ToolsOut(BaseModel):
+    tools: list[ToolOut]
+
+
 class RunPage(BaseModel):
     items: list[RunOut]
     next_cursor: str | None
@@ -470,4 +549,9 @@ class RunPage(BaseModel):
 
 class EffectPage(BaseModel):
     items: list[EffectOut]
+    next_cursor: str | None
+
+
+class ToolPage(BaseModel):
+    items: list[ToolOut]
     next_cursor: str | None

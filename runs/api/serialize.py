@@ -24,7 +24,8 @@ from django.db import models
 from pydantic import BaseModel
 
 from runs.api.schemas import AttemptOut, CallOut, EffectOut, RunOut
-from runs.models import Attempt, Call, Effect, Run
+from runs.models import Attempt, Call, Effect, Run, Tool
+from runs.registry import DECLARATION_FIELDS, effective_of, policy_of
 
 
 @dataclass(frozen=True)
@@ -112,3 +113,20 @@ def journal_of(run: Run) -> tuple[list[dict], list[dict]]:
     effect_ids = {call.effect_id for call in calls if call.effect_id}
     effects = Effect.objects.filter(pk__in=effect_ids).order_by("created_at") if effect_ids else []
     return [call_dict(c) for c in calls], [effect_dict(e) for e in effects]
+
+
+def tool_dict(tool: Tool) -> dict:
+    """The Tool object (api.md, "Additions in v1"; ``ToolOut``): the latest declaration,
+    its state, the policy and the effective rule. ``tool.policy`` should come with
+    the tool (``registry.with_policy``)."""
+    declared = tool.declaration
+    return {
+        "name": tool.name,
+        **{field: declared.get(field) for field in DECLARATION_FIELDS},
+        "fingerprint": tool.fingerprint,
+        "state": tool.state,
+        "policy": policy_of(tool),
+        "effective": effective_of(tool).as_dict(),
+        "created_at": tool.created_at.isoformat(),
+        "updated_at": tool.updated_at.isoformat(),
+    }

@@ -25,7 +25,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
 from ninja.security import HttpBearer
 
-from runs import calls, lifecycle, outcomes
+from runs import calls, lifecycle, outcomes, registry
 from runs.api.auth import (
     agent_for_request,
     error_response,
@@ -53,10 +53,20 @@ from runs.api.schemas import (
     RunPage,
     StartIn,
     StartOut,
+    ToolPage,
+    ToolsIn,
+    ToolsOut,
 )
-from runs.api.serialize import attempt_dict, call_dict, effect_dict, journal_of, run_dict
+from runs.api.serialize import (
+    attempt_dict,
+    call_dict,
+    effect_dict,
+    journal_of,
+    run_dict,
+    tool_dict,
+)
 from runs.errors import JournalError
-from runs.models import Attempt, Effect, Run
+from runs.models import Attempt, Effect, Run, Tool
 from runs.validation import PayloadTooLarge
 from runs.verdict import restart_verdict
 
@@ -411,17 +421,33 @@ class EffectFilters(Schema):
     cursor: str | None = Field(None, pattern=CURSOR_PATTERN)
 
 
+class ToolFilters(Schema):
+    name: str | None = Field(None, pattern=NO_NUL)
+    state: Literal["registered", "confirmed", "changed"] | None = None
+    limit: int = Field(50, ge=1, le=200)
+    cursor: str | None = Field(None, pattern=CURSOR_PATTERN)
+
+
 def _unknown_params(request, filters: type[Schema]):
-    """Refuse unknown query parameters: a typo must not silently list everything."""
+    """Refuse unknown query parameters (a typo must not silently list everything) and
+    repeated ones (each takes one value, as the schema says; ninja kept only one)."""
     unknown = sorted(set(request.GET) - set(filters.model_fields))
-    if not unknown:
-        return None
-    return error_response(
-        400,
-        "invalid_request",
-        "Unknown query parameters: " + ", ".join(unknown) + ".",
-        {"fields": {name: "unknown parameter" for name in unknown}},
-    )
+    if unknown:
+        return error_response(
+            400,
+            "invalid_request",
+            "Unknown query parameters: " + ", ".join(unknown) + ".",
+            {"fields": {name: "unknown parameter" for name in unknown}},
+        )
+    repeated = sorted(name for name, values in request.GET.lists() if len(values) > 1)
+    if repeated:
+        return error_response(
+            400,
+            "invalid_request",
+            "Query parameters given more than once: " + ", ".join(repeated) + ".",
+            {"fields": {name: "given more than once" for name in repeated}},
+        )
+    return None
 
 
 # --- OpenAPI links ---------------------------------------------------------------------
@@ -758,3 +784,58 @@ def reconcile(request, effect_id: UUID, payload: ReconcileIn):
         savepoint=False,
     )
     return {"effect": effect_dict(effect), "action": action}
+
+
+# --- Tools -----------------------------------------------------------------------------
+
+
+@api.post(
+    "/tools",
+    response={200: ToolsOut, **ERRORS},
+    summary="Declare the tools the agent will call",
+    tags=["tools"],
+    by_alias=True,  # ToolOut's "schema" (a field named apart from BaseModel.schema)
+)
+def declare_tools(request, payload: ToolsIn):
+    """1–500 tools. Registers new tools and records a changed declaration as a change
+    (`state: changed`: kept and shown, never adopted where it is looser than the
+    declaration in force). Idempotent: the same declaration twice changes nothing.
+    Answers each tool with its effective rule, in the order declared. Under the
+    agent's `closed` mode a tool that is not registered is `409 tool_not_registered`
+    (`details.tool`), and nothing is registered."""
+    tools = registry.declare_tools(
+        _agent(request),
+        [
+            {
+                "name": tool.name,
+                "kind": tool.kind,
+                "key_source": tool.key_source,
+                "needs_approval": tool.needs_approval,
+                "approvals_required": tool.approvals_required,
+                "schema": tool.schema_,
+                "annotations": tool.annotations,
+            }
+            for tool in payload.tools
+        ],
+    )
+    return {"tools": [tool_dict(tool) for tool in tools]}
+
+
+@api.get(
+    "/tools",
+    response={200: ToolPage, **ERRORS},
+    summary="The agent's tools, with their effective rules",
+    tags=["tools"],
+    by_alias=True,
+)
+def list_tools(request, filters: Query[ToolFilters]):
+    """Newest first; filter by `name`, `state`."""
+    unknown = _unknown_params(request, ToolFilters)
+    if unknown:
+        return unknown
+    tools = registry.with_policy(Tool.objects.filter(agent=_agent(request)))
+    if filters.name is not None:
+        tools = tools.filter(name=filters.name)
+    if filters.state:
+        tools = tools.filter(state=filters.state)
+    return _page(tools, filters.limit, filters.cursor, tool_dict)
