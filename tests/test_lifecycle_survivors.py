@@ -31,7 +31,8 @@
   appears: at a manual run's creation, at the first claim of an unkeyed effect;
 - each version of an effect's arguments says what, who, when, from which call and
   whether it was adopted (a replay of a frozen effect is kept as drift); an effect
-  awaiting approval with no ttl of its own gets the configured one.
+  awaiting approval with no ttl of its own gets the configured one; one whose tool's
+  policy says ``on_expiry: reject`` is rejected (not finally) by the system instead.
 
 The start, claim and expiry tests were written ahead of the mutation run reaching
 ``start_run``, ``_new_attempt``, ``set_claim`` and ``expire_if_past_deadline`` (the
@@ -66,8 +67,11 @@ from runs.models import (
     EffectVersion,
     Run,
     RunStatus,
+    Tool,
+    ToolPolicy,
 )
 from runs.outcomes import claim_effect, complete_effect
+from runs.registry import declare_tools
 from runs.sweep import sweep
 
 pytestmark = pytest.mark.django_db
@@ -654,3 +658,40 @@ def test_an_effect_awaiting_approval_without_a_ttl_gets_the_configured_one(agent
     ttl = settings.STARTSAFE["APPROVAL_TTL"]
     stored = Effect.objects.get(pk=effect.pk)
     assert (stored.approval_ttl, stored.approval_expires_at) == (ttl, T0 + timedelta(seconds=ttl))
+
+
+def test_an_effect_whose_tools_policy_rejects_on_expiry_is_rejected_at_its_deadline(agent):
+    declare_tools(agent, [{"name": "send_campaign", "kind": "effect"}])
+    ToolPolicy.objects.create(
+        tool=Tool.objects.get(agent=agent, name="send_campaign"),
+        updated_at=T0,
+        needs_approval=True,
+        approval_ttl=60,
+        on_expiry="reject",
+    )
+    run = start(agent, now=T0).run
+    effect = send(agent, run, tool="send_campaign", now=T0).effect
+    before = Effect.objects.get(pk=effect.pk)
+    now = T0 + timedelta(seconds=60)
+
+    claimed, action = claim_effect(agent, effect.pk, run_id=run.pk, attempt=1, now=now)
+
+    note = "No decision before the deadline: the tool's policy rejects."
+    stored = Effect.objects.get(pk=effect.pk)
+    assert (action, stored.status) == ("blocked", EffectStatus.REJECTED)
+    assert (stored.revision, stored.updated_at) == (before.revision + 1, now)
+    assert stored.decision == {
+        "verb": "rejected",
+        "by": "system",
+        "at": now.isoformat(),
+        "note": note,
+        "args_hash": effect.args_hash,
+        "final": False,  # a revision asks again
+    }
+    event = _event("rejected", effect=effect)
+    assert (event.actor, event.at, event.note) == ("system", now, note)
+    assert (event.old_status, event.new_status) == (
+        EffectStatus.AWAITING_APPROVAL,
+        EffectStatus.REJECTED,
+    )
+    assert not AuditEvent.objects.filter(effect=effect, verb="expired").exists()
