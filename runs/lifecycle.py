@@ -138,12 +138,6 @@ def require_current_and_running(run: Run, attempt: int) -> None:
         )
 
 
-def require_running_attempt(run: Run, attempt: int) -> Attempt:
-    """The run's current attempt if it is ``attempt`` and still running."""
-    require_current_and_running(run, attempt)
-    return Attempt.objects.get(run=run, number=attempt)
-
-
 def save_effect(
     effect: Effect,
     actor: Actor,
