@@ -196,6 +196,23 @@ def test_a_new_keyed_effect_is_recorded_claimed_and_numbered_in_full(agent):
     )
 
 
+def test_a_read_answers_with_the_call_it_journaled(agent):
+    run = start(agent, now=T0).run
+
+    recorded = read(agent, run, args={"q": "x"})
+
+    call = Call.objects.get(run=run)
+    assert (recorded.call.pk, recorded.action, recorded.effect) == (call.pk, "execute", None)
+    assert (call.kind, call.tool, call.args, call.seq, call.action, call.effect_id) == (
+        "read",
+        "search",
+        {"q": "x"},
+        1,
+        "execute",
+        None,
+    )
+
+
 def test_a_new_effect_that_needs_approval_waits_with_what_it_declared(agent):
     run = start(agent, now=T0).run
 
