@@ -379,6 +379,35 @@ def test_an_effect_whose_holder_stopped_is_made_unknown_by_the_system_on_replay(
     assert event.note == "The attempt that claimed it has stopped."
 
 
+def test_a_failed_effect_is_claimed_again_by_the_replaying_attempt_in_full(agent):
+    """The retry's claim names the attempt that replays it (here a restart's)."""
+    run = start(agent, now=T0).run
+    first = send(agent, run, timeout=30, now=T0).effect
+    complete_effect(agent, first.pk, run_id=run.pk, attempt=1, outcome="failed", now=T0)
+    start(agent, supersede=1, now=T0)
+    later = T0 + timedelta(seconds=60)
+
+    retry = send(agent, run, attempt=2, now=later)
+
+    assert retry.action == "execute"
+    effect = Effect.objects.get(pk=first.pk)
+    assert (effect.status, effect.claimed_run_id, effect.claimed_attempt) == (
+        "in_flight",
+        run.pk,
+        2,
+    )
+    assert (effect.claimed_at, effect.first_claimed_at, effect.updated_at) == (later, T0, later)
+    assert effect.timeout_at == later + timedelta(seconds=30)
+    claim = AuditEvent.objects.filter(effect=effect, verb="claimed").order_by("id").last()
+    assert (claim.actor, claim.run_id, claim.attempt_number, claim.at) == (
+        agent.label,
+        run.pk,
+        2,
+        later,
+    )
+    assert (claim.old_status, claim.new_status) == ("failed", "in_flight")
+
+
 # --- Refusals: class, message, details; nothing journaled ------------------
 
 REFUSALS = {
