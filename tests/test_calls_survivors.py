@@ -13,6 +13,8 @@ The rules held here (api.md, ``POST /runs/{id}/calls``; product.md rules 1, 5, 8
   drift (``args_drift``, naming both hashes). Each event names the run, attempt,
   actor and statuses. An in-flight effect whose attempt stopped turns ``unknown``
   by the system, with why.
+- New arguments that the tool policy's ``require`` rule covers make a pending
+  effect await approval (issue 20): it never runs unapproved.
 - A refused call (a read with a key, a key without its source or a source without
   a key, a key of another tool, live or pruned) says why (class, message, details)
   and journals nothing; another agent's run is not found.
@@ -32,14 +34,25 @@ import pytest
 from django.utils import timezone
 from lifecycle_helpers import read, send, start
 
-from approvals.decisions import approve_effect, reject_effect
+from approvals.decisions import approve_effect, reject_effect, release_effect
 from runs.calls import record_call
 from runs.canonical import args_hash
 from runs.errors import InvalidRequest, KeyConflict, NotFound
 from runs.lifecycle import finish_run
-from runs.models import Attempt, AuditEvent, Call, Effect, EffectVersion, KeyTombstone, Run
+from runs.models import (
+    Attempt,
+    AuditEvent,
+    Call,
+    Effect,
+    EffectVersion,
+    KeyTombstone,
+    Run,
+    Tool,
+    ToolPolicy,
+)
 from runs.outcomes import complete_effect
 from runs.prune import prune_finished_runs
+from runs.registry import declare_tools
 
 pytestmark = pytest.mark.django_db
 
@@ -546,3 +559,33 @@ def test_a_pruned_key_that_never_ran_is_declared_afresh_by_the_call(agent):
     assert (effect.created_at, effect.timeout_at) == (T0, T0 + timedelta(seconds=30))
     assert [e[0] for e in _events(effect)] == ["recorded", "claimed"]
     assert recorded.call.seq == 1
+
+
+def test_new_arguments_that_a_require_rule_covers_make_a_pending_effect_ask_first(agent, operator):
+    """A released effect (pending, no approval) replayed with arguments its tool's
+    policy requires approval for waits for a person: it never runs unapproved."""
+    declare_tools(agent, [{"name": "send_campaign", "kind": "effect"}])
+    ToolPolicy.objects.create(
+        tool=Tool.objects.get(agent=agent, name="send_campaign"),
+        updated_at=T0,
+        rules=[{"id": "big", "pointer": "/amount", "op": ">", "value": 1000, "action": "require"}],
+    )
+    run = start(agent, now=T0).run
+    campaign = {"tool": "send_campaign", "key": "c-1", "key_source": "intent"}
+    first = send(agent, run, args={"amount": 100}, now=T0, **campaign).effect
+    start(agent, supersede=1, now=T0)
+    release_effect(operator, first.pk, args_hash=first.args_hash, note="not sent", now=T0)
+    later = T0 + timedelta(seconds=60)
+
+    replay = send(agent, run, attempt=2, args={"amount": 5000}, now=later, **campaign)
+
+    assert replay.action == "wait"
+    effect = Effect.objects.get(pk=first.pk)
+    assert (effect.status, effect.needs_approval, effect.claimed_run_id) == (
+        "awaiting_approval",
+        True,
+        None,
+    )
+    assert effect.approval_expires_at == later + timedelta(seconds=effect.approval_ttl)
+    revised = AuditEvent.objects.get(effect=effect, verb="args_revised")
+    assert (revised.old_status, revised.new_status) == ("pending", "awaiting_approval")
