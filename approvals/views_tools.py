@@ -241,7 +241,7 @@ def tool_context(request: HttpRequest, tool: Tool, form: PolicyForm | None = Non
     )
     can_edit = can_edit_policy(request.user, tool)
     if form is None and can_edit:
-        form = PolicyForm(instance=policy or ToolPolicy(tool=tool))
+        form = PolicyForm(instance=policy or ToolPolicy(tool_id=tool.pk))
     return base_context(
         request,
         tool=tool,
@@ -308,9 +308,10 @@ def edit_policy(request: HttpRequest, tool_id) -> HttpResponse:
     if not can_edit_policy(request.user, tool):
         return _tool_answer(request, tool, status=403, error="Only an admin edits policies.")
     # A copy of the policy for the form to fill in: the tool's own (shown as the
-    # policy in force) must not take the values being tried.
+    # policy in force) must not take the values being tried. By ``tool_id``: a new
+    # policy given ``tool=`` would become ``tool.policy`` (the one-to-one's cache).
     current = tool_policy(tool)
-    policy = ToolPolicy.objects.get(pk=current.pk) if current else ToolPolicy(tool=tool)
+    policy = ToolPolicy.objects.get(pk=current.pk) if current else ToolPolicy(tool_id=tool.pk)
     form = PolicyForm(request.POST, instance=policy)
     if not form.is_valid():
         return _tool_answer(

@@ -295,6 +295,8 @@ def test_trying_a_rule_shows_what_it_would_have_done_to_the_last_calls_and_saves
     assert not ToolPolicy.objects.exists()
     assert not AuditEvent.objects.filter(verb__startswith="policy_").exists()
     assert "&quot;mid&quot;" in html
+    # The page still shows the policy in force: none.
+    assert "No policy: the declaration in force applies." in html
 
 
 def test_a_trial_reads_the_last_100_calls_of_the_tool_only(client, admin_user, agent, other_agent):
