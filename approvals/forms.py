@@ -19,7 +19,8 @@ from django.core.exceptions import ValidationError
 from approvals import decisions
 from runs.canonical import NotCanonicalizable, canonical_json
 from runs.errors import Forbidden, JournalError
-from runs.models import Effect, EffectStatus, Run
+from runs.models import Effect, EffectStatus, Run, ToolPolicy
+from runs.registry import POLICY_FIELDS
 from runs.validation import check_json_object
 
 # api.md's limit for notes and evidence; a hash longer than this is refused too.
@@ -236,3 +237,51 @@ class BulkForm(forms.Form):
             except JournalError as exc:
                 refused.append(f"{effect_id}: {exc.message}")
         return done, refused
+
+
+# --- The tools pages -----------------------------------------------------------------
+
+
+class RulesField(forms.JSONField):
+    """A policy's argument rules, as a JSON list typed into a textarea (pretty, so that
+    an admin edits one rule per few lines); blank is no rules."""
+
+    def prepare_value(self, value: Any) -> str:
+        if isinstance(value, forms.fields.InvalidJSONInput):
+            return value
+        return json.dumps(value if value is not None else [], indent=2, ensure_ascii=False)
+
+    def to_python(self, value: Any) -> Any:
+        parsed = super().to_python(value)
+        return [] if parsed is None else parsed
+
+
+class PolicyForm(forms.ModelForm):
+    """An admin's policy for one tool (runs/models.py ``ToolPolicy``). The rules are
+    checked by the model's own ``clean`` (runs/policies.py ``rule_errors``)."""
+
+    kind = forms.TypedChoiceField(
+        choices=[("", "as declared"), ("effect", "effect")],
+        required=False,
+        empty_value=None,
+        help_text="A tool declared read can be made an effect; never the other way.",
+    )
+    approvals_required = forms.TypedChoiceField(
+        choices=[(1, "1"), (2, "2"), (3, "3")], coerce=int, initial=1
+    )
+    approval_ttl = forms.IntegerField(
+        required=False,
+        min_value=60,
+        max_value=2_592_000,
+        help_text="Seconds (60 to 30 days); blank: the effect's own, or the default.",
+    )
+    rules = RulesField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 8, "class": "mono"}),
+        help_text='A list of {"id", "pointer", "op", "value", "action", "approvals"?}; '
+        "the first match wins.",
+    )
+
+    class Meta:
+        model = ToolPolicy
+        fields = POLICY_FIELDS

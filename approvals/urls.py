@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from approvals import views
+from approvals import views, views_tools
 from approvals.forms import (
     AbandonForm,
     AllowRestartForm,
@@ -22,6 +22,7 @@ app_name = "console"
 
 RUN = "runs/<uuid:run_id>/"
 EFFECT = "effects/<uuid:effect_id>/"
+TOOL = "tools/<uuid:tool_id>/"
 
 urlpatterns = [
     path("", views.queue, name="queue"),
@@ -37,4 +38,8 @@ urlpatterns = [
     path(EFFECT + "mark-done", decide, {"form_class": MarkDoneForm}, name="mark-done"),
     path(EFFECT + "release", decide, {"form_class": ReleaseForm}, name="release"),
     path("history/", views.history, name="history"),
+    path("tools/", views_tools.tools, name="tools"),
+    path(TOOL, views_tools.tool_detail, name="tool"),
+    path(TOOL + "confirm", views_tools.tool_confirm, name="tool-confirm"),
+    path(TOOL + "policy", views_tools.edit_policy, name="tool-policy"),
 ]

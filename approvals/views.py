@@ -24,6 +24,7 @@ from approvals.views_common import (
     QUEUE_MORE_LIMIT,
     _effect_for_user,
     _run_for_user,
+    diff_lines,
     nav_counts,
     needs_decision_runs,
     queue_fingerprint,
@@ -43,6 +44,7 @@ from runs.models import (
     Run,
     RunStatus,
 )
+from runs.policies import HOLD_KEY_DRIFT, HOLD_POLICY_RULE, HOLD_TOOL_UNCONFIRMED
 from runs.verdict import restart_verdict
 
 RUNS_PER_PAGE = 50
@@ -288,6 +290,7 @@ def effect_context(request: HttpRequest, effect: Effect, **extra) -> dict:
     return base_context(
         request,
         effect=effect,
+        hold=hold_context(effect),
         versions=versions_with_diffs(versions),
         approvals=approvals,
         current_approvals=[a for a in approvals if a.args_hash == effect.args_hash],
@@ -299,6 +302,36 @@ def effect_context(request: HttpRequest, effect: Effect, **extra) -> dict:
         calls=calls,
         **extra,
     )
+
+
+HOLD_REASONS = {
+    HOLD_KEY_DRIFT: "Key drift: a new key where an earlier effect of the tool may be the same",
+    HOLD_TOOL_UNCONFIRMED: "The tool is new or changed and not confirmed by an admin",
+    HOLD_POLICY_RULE: "The tool's policy",
+}
+
+
+def hold_context(effect: Effect) -> dict | None:
+    """Why the server made ``effect`` wait (``effect.hold``), for its page: the reason
+    in words and the message; for a key drift, the earlier effect it names side by
+    side with this one and their arguments' diff (one query, only for a drift)."""
+    if not effect.hold:
+        return None
+    hold = effect.hold
+    context = {
+        "reason": hold.get("reason"),
+        "label": HOLD_REASONS.get(hold.get("reason"), hold.get("reason")),
+        "message": hold.get("message") or "",
+        "waits": effect.status == EffectStatus.AWAITING_APPROVAL,
+        "earlier": None,
+        "diff": [],
+    }
+    if hold.get("reason") == HOLD_KEY_DRIFT and hold.get("effect_id"):
+        earlier = Effect.objects.select_related("run").filter(pk=hold["effect_id"]).first()
+        if earlier is not None:  # gone only if its run was pruned
+            context["earlier"] = earlier
+            context["diff"] = diff_lines(earlier.args, effect.args)
+    return context
 
 
 @require_GET

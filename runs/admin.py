@@ -20,7 +20,7 @@ from runs.models import (
     ToolDeclaration,
     ToolPolicy,
 )
-from runs.registry import confirm_tool, record_policy_change
+from runs.registry import POLICY_FIELDS, confirm_tool, save_policy
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -215,25 +215,11 @@ class ToolPolicyAdmin(admin.ModelAdmin):
     list_filter = ["on_expiry", "needs_approval"]
     search_fields = ["tool__name"]
     raw_id_fields = ["tool"]
-    fields = [
-        "tool",
-        "kind",
-        "needs_approval",
-        "approvals_required",
-        "approval_ttl",
-        "on_expiry",
-        "rules",
-        "updated_by",
-        "updated_at",
-    ]
+    fields = ["tool", *POLICY_FIELDS, "updated_by", "updated_at"]
     readonly_fields = ["updated_by", "updated_at"]
 
     def has_delete_permission(self, request, obj=None):
         return False  # a tool's rules are loosened by editing them, which is audited
 
     def save_model(self, request, obj, form, change):
-        now = timezone.now()
-        obj.updated_by = request.user
-        obj.updated_at = now
-        super().save_model(request, obj, form, change)
-        record_policy_change(request.user, obj, created=not change, now=now)
+        save_policy(request.user, obj)

@@ -11,6 +11,7 @@ The rule the declaration feeds is runs/policies.py's.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -26,6 +27,7 @@ from runs.errors import ToolNotRegistered
 from runs.lifecycle import insert_or_lock_winner, released_status, save_effect
 from runs.models import (
     Agent,
+    Call,
     CallKind,
     Effect,
     EffectStatus,
@@ -35,7 +37,14 @@ from runs.models import (
     ToolPolicy,
     ToolState,
 )
-from runs.policies import HOLD_TOOL_UNCONFIRMED, Effective, effective_rule
+from runs.policies import (
+    HOLD_TOOL_UNCONFIRMED,
+    Effective,
+    Gate,
+    effective_rule,
+    gate,
+    matching_rule,
+)
 
 DECLARATION_FIELDS = (
     "kind",
@@ -222,8 +231,8 @@ def register_from_call(
 
 # --- The rule of a tool, joined into the call's first statement ----------------------
 
-_POLICY_FIELDS = (
-    "id",
+# What an admin sets in a policy (the admin's form and the console's edit these).
+POLICY_FIELDS = (
     "kind",
     "needs_approval",
     "approvals_required",
@@ -231,6 +240,7 @@ _POLICY_FIELDS = (
     "on_expiry",
     "rules",
 )
+_POLICY_FIELDS = ("id", *POLICY_FIELDS)
 
 
 def rule_subquery(tool: str) -> Subquery:
@@ -264,10 +274,10 @@ def _nested(value: Any) -> Any:
 def policy_dict(policy: ToolPolicy | None) -> dict | None:
     if policy is None:
         return None
-    return {field: getattr(policy, field) for field in _POLICY_FIELDS if field != "id"}
+    return {field: getattr(policy, field) for field in POLICY_FIELDS}
 
 
-def _policy_of(tool: Tool) -> ToolPolicy | None:
+def tool_policy(tool: Tool) -> ToolPolicy | None:
     try:
         return tool.policy
     except ToolPolicy.DoesNotExist:
@@ -279,17 +289,60 @@ def effective_of(tool: Tool) -> Effective:
     arguments: argument rules apply per call)."""
     return effective_rule(
         tool.adopted,
-        policy_dict(_policy_of(tool)),
+        policy_dict(tool_policy(tool)),
         default_ttl=settings.STARTSAFE["APPROVAL_TTL"],
     )
 
 
 def policy_of(tool: Tool) -> dict | None:
     """The policy as the Tool object shows it (api.md: an object or null)."""
-    policy = _policy_of(tool)
+    policy = tool_policy(tool)
     if policy is None:
         return None
     return {**policy_dict(policy), "updated_at": policy.updated_at.isoformat()}
+
+
+# --- Trying a policy before it is saved -----------------------------------------------
+
+TRIAL_CALLS = 100
+
+
+@dataclass(frozen=True)
+class Trial:
+    """What a policy would have done to one past call: ``opening`` is ``gate``'s answer
+    (None for a read, which is never gated), ``rule`` the argument rule that matched."""
+
+    call: Call
+    rule: dict | None
+    opening: Gate | None
+
+
+def try_policy(tool: Tool, policy: dict, *, limit: int = TRIAL_CALLS) -> list[Trial]:
+    """What ``policy`` (``policy_dict``'s shape, not saved) would have done to the
+    tool's last ``limit`` calls, newest first: each call's arguments through the rule
+    record_call applies (``effective_rule``, ``matching_rule``, ``gate``) with the
+    declaration in force and the kind the call was recorded with.
+
+    Only the policy is tried: a key drift or an unconfirmed tool holds an effect
+    whatever its policy, and is left out; so is the approval a call asked for itself
+    (the journal keeps what its effect became, not what the call asked)."""
+    calls = (
+        Call.objects.filter(run__agent_id=tool.agent_id, tool=tool.name)
+        .only("id", "run_id", "attempt_number", "seq", "kind", "args", "args_hash", "action")
+        .order_by("-at", "-id")[:limit]
+    )
+    default_ttl = settings.STARTSAFE["APPROVAL_TTL"]
+    trials = []
+    for call in calls:
+        effective = effective_rule(
+            tool.adopted, policy, default_ttl=default_ttl, call={"kind": call.kind}
+        )
+        if effective.kind == CallKind.READ:
+            trials.append(Trial(call, None, None))
+            continue
+        rule = matching_rule(policy.get("rules"), call.args)
+        trials.append(Trial(call, rule, gate(effective, tool=tool.name, rule=rule)))
+    return trials
 
 
 # --- Admins ----------------------------------------------------------------------
@@ -345,10 +398,23 @@ def confirm_tool(user, tool_id: Any, *, now: datetime | None = None) -> Tool:
     return tool
 
 
+def save_policy(user, policy: ToolPolicy, *, now: datetime | None = None) -> ToolPolicy:
+    """An admin saves a tool's policy (the Django admin and the console's tool page):
+    who and when on the row, and the change in the audit log, in one transaction."""
+    now = now or timezone.now()
+    created = policy._state.adding
+    policy.updated_by = user
+    policy.updated_at = now
+    with transaction.atomic():
+        policy.save()
+        record_policy_change(user, policy, created=created, now=now)
+    return policy
+
+
 def record_policy_change(
     user, policy: ToolPolicy, *, created: bool, now: datetime | None = None
 ) -> None:
-    """Every policy change is in the audit log (the admin's save calls this)."""
+    """Every policy change is in the audit log (``save_policy`` calls this)."""
     _tool_event(
         Actor.for_user(user),
         "policy_created" if created else "policy_changed",

@@ -19,6 +19,7 @@ from lifecycle_helpers import send, start
 
 from runs.api.views import api
 from runs.lifecycle import finish_run
+from runs.models import Tool
 from tests.api_client import Api
 
 pytestmark = pytest.mark.django_db
@@ -30,6 +31,8 @@ LOGIN = "/accounts/login/"
 # product.md: a viewer reads; an operator also decides; the history is admins'.
 READ = {"anonymous": 302, "deactivated": 302, "viewer": 200, "operator": 200, "admin": 200}
 DECIDE = {"anonymous": 302, "deactivated": 302, "viewer": 403, "operator": 303, "admin": 303}
+# product.md, "Tool registry and policies": everyone signed in reads, admins edit.
+ADMINISTER = {**DECIDE, "operator": 403}
 CONSOLE = {
     ("GET", ""): READ,
     ("GET", "runs/"): READ,
@@ -45,6 +48,10 @@ CONSOLE = {
     ("POST", "effects/bulk"): DECIDE,
     ("POST", "runs/<uuid:run_id>/allow-restart"): DECIDE,
     ("POST", "runs/<uuid:run_id>/abandon"): DECIDE,
+    ("GET", "tools/"): READ,
+    ("GET", "tools/<uuid:tool_id>/"): READ,
+    ("POST", "tools/<uuid:tool_id>/confirm"): ADMINISTER,
+    ("POST", "tools/<uuid:tool_id>/policy"): ADMINISTER,
 }
 # Besides the console: the Django admin (both roles enter it with their own
 # permissions: an operator reads the journal there, only an admin manages agents
@@ -121,7 +128,8 @@ def _world(agent):
     stopped = start(agent, "stopped").run
     unknown = send(agent, stopped, key="k:unknown", tool="import").effect
     finish_run(agent, stopped.pk, attempt=1, outcome="failed")  # in flight → unknown
-    return {"run": stopped, "awaiting": awaiting, "unknown": unknown}
+    tool = Tool.objects.get(agent=agent, name=awaiting.tool)
+    return {"run": stopped, "awaiting": awaiting, "unknown": unknown, "tool": tool}
 
 
 def _request(path: str, method: str, world) -> tuple[str, dict]:
@@ -130,8 +138,11 @@ def _request(path: str, method: str, world) -> tuple[str, dict]:
     url = "/" + path.replace("<uuid:effect_id>", str(effect.pk)).replace(
         "<uuid:run_id>", str(run.pk)
     )
+    url = url.replace("<uuid:tool_id>", str(world["tool"].pk))
     if method == "GET":
         return url, {}
+    if path.endswith("policy"):
+        return url, {"approvals_required": "1", "on_expiry": "expire", "rules": "[]"}
     if path == "effects/bulk":
         return url, {
             "decision": "approve",

@@ -32,6 +32,10 @@ _TONE = {
     "expired": "bad",
     "abandoned": "muted",
     "superseded": "muted",
+    # A tool's state (runs/models.py ToolState): a change waits for an admin's eye.
+    "registered": "info",
+    "confirmed": "ok",
+    "changed": "warn",
 }
 
 
