@@ -329,3 +329,15 @@ def test_the_task_state_adds_the_sweeps_counts_and_keeps_its_errors(agent, monke
     assert state.counters == {"interrupted": 1, "expired": 1, "row_errors": 2}
     assert state.last_error == "; ".join(report.errors)
     assert state.last_error.count("; ") == 1
+
+
+@pytest.mark.django_db
+def test_each_hand_back_records_the_count_so_far(agent):
+    run = start_run(agent, "job-1", heartbeat_timeout=5, now=T0).run
+    sweep(now=later(6))
+    start_run(agent, "job-1", now=later(7))  # its runtime starts it again (attempt 2)
+
+    sweep(now=later(13))
+
+    counts = AuditEvent.objects.filter(run=run, verb="restart_ready").order_by("at")
+    assert [event.data["auto_restarts"] for event in counts] == [1, 2]
