@@ -176,9 +176,7 @@ class JournaledToolset(WrapperToolset[Any]):
         tools = await super().get_tools(ctx)
         client = self.run if isinstance(self.run, ClientCore) else self.run.client
         client._adopt(
-            self.spec_for(name, tool).declaration(
-                name, schema=tool.tool_def.parameters_json_schema
-            )
+            self.spec_for(name, tool).declaration(name, schema=tool.tool_def.parameters_json_schema)
             for name, tool in tools.items()
         )
         return tools
