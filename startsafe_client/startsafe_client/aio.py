@@ -176,7 +176,7 @@ class AsyncClient(ClientCore):
             async with lock:
                 waiting = self._declaring(tool)
                 if waiting:
-                    await self._drive(self._declare(waiting, lenient=True))
+                    self._say(await self._drive(self._declare(waiting, lenient=True)))
         return await self._drive(steps)
 
     async def aclose(self) -> None:

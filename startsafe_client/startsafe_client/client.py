@@ -66,7 +66,7 @@ class Client(ClientCore):
             with _DECLARING:
                 waiting = self._declaring(tool)
                 if waiting:
-                    self._drive(self._declare(waiting, lenient=True))
+                    self._say(self._drive(self._declare(waiting, lenient=True)))
         return self._drive(steps)
 
     def close(self) -> None:

@@ -57,6 +57,10 @@ API_PREFIX = "/api/v1"
 DECLARE_BATCH = 500  # api.md, POST /tools: 1–500 tools
 
 logger = logging.getLogger("startsafe_client")
+NO_REGISTRY = (
+    "POST /api/v1/tools answered 404: this startsafe server has no tool registry yet, "
+    "so the tools are not declared"
+)
 
 T = TypeVar("T")
 
@@ -536,19 +540,22 @@ class ClientCore:
                 batch = []
         for declared in declarations:
             _DECLARED.add(self._sent_key(declared["name"], _digest(declared)))
-        if refused:
-            logger.warning(
+        return Declared(answered, tuple(refused), registry)
+
+    def _say(
+        self, declared: Declared, log: logging.Logger = logger, level: int = logging.WARNING
+    ) -> None:
+        """Log what a lenient declaration left undone: nothing is dropped silently (a
+        server without a registry at ``level``)."""
+        if declared.refused:
+            log.warning(
                 "the agent's closed mode refused to register %s: an admin registers them "
                 "on the tools page (%s/tools/); until then their calls are refused",
-                ", ".join(refused),
+                ", ".join(declared.refused),
                 self.base_url,
             )
-        if not registry:
-            logger.warning(
-                "POST /api/v1/tools answered 404: this startsafe server has no tool registry "
-                "yet, so the tools are not declared"
-            )
-        return Declared(answered, tuple(refused), registry)
+        if not declared.registry:
+            log.log(level, NO_REGISTRY)
 
     def _needs_declaring(self, tool: Tool) -> bool:
         """Whether a call of ``tool`` must first declare (quick, without a lock: the
