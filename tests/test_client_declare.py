@@ -198,6 +198,73 @@ def test_an_adapter_declares_its_tools_with_the_frameworks_schema(live_server, a
     assert row.declaration["schema"]["properties"]["year"]["type"] == "integer"
 
 
+def test_the_openai_agents_adapter_declares_its_tools_with_their_schema(live_server, agent):
+    from agents import Agent, Runner, function_tool, set_tracing_disabled
+    from agents.testing import ScriptedModel, assistant_message, function_call
+    from startsafe_client.openai_agents import journaled as openai_journaled
+
+    set_tracing_disabled(True)  # offline: the SDK exports no trace
+
+    @function_tool
+    def find_order(order_id: str, year: int) -> str:
+        """Find an order."""
+        return f"{order_id}/{year}"
+
+    transport = Counting()
+    client = ss.Client(live_server.url, agent.token, transport=transport)
+    model = ScriptedModel(
+        [
+            [function_call("find_order", {"order_id": "o-1", "year": 2026}, call_id="c1")],
+            [assistant_message("done")],
+        ]
+    )
+    with client.run("oa-1") as run:
+        tools = openai_journaled(run, [find_order], {"find_order": ss.read()})
+        Runner.run_sync(Agent(name="a", model=model, tools=tools), "go")
+
+    assert len(transport.declared) == 1
+    row = Tool.objects.get(agent=agent, name="find_order").declaration
+    assert (row["kind"], row["schema"]) == ("read", find_order.params_json_schema)
+    assert row["schema"]["required"] == ["order_id", "year"]
+
+
+def test_the_pydantic_ai_toolset_declares_every_tool_with_its_schema(live_server, agent):
+    from pydantic_ai import Agent, FunctionToolset
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import FunctionModel
+    from startsafe_client.pydantic_ai import JournaledToolset
+
+    def find_order(order_id: str, year: int) -> str:
+        return f"{order_id}/{year}"
+
+    def cancel_order(order_id: str) -> str:  # never called: declared all the same
+        return "cancelled"
+
+    turns = [ToolCallPart("find_order", {"order_id": "o-1", "year": 2026}, tool_call_id="c1")]
+
+    def model(messages, info) -> ModelResponse:
+        return ModelResponse(parts=[turns.pop()] if turns else [TextPart("done")])
+
+    transport = Counting()
+    specs = {
+        "find_order": ss.read(),
+        "cancel_order": ss.effect(key=lambda a: ss.intent_key("cancel", order_id=a["order_id"])),
+    }
+    with ss.Client(live_server.url, agent.token, transport=transport) as client:
+        toolset = JournaledToolset(client, FunctionToolset([find_order, cancel_order]), specs)
+        for run_id in ("pa-1", "pa-2"):
+            Agent(FunctionModel(model)).run_sync("go", toolsets=[toolset], run_id=run_id)
+            turns.append(
+                ToolCallPart("find_order", {"order_id": "o-2", "year": 2026}, tool_call_id="c2")
+            )
+
+    assert len(transport.declared) == 1
+    assert declared_names(transport.declared) == ["cancel_order", "find_order"]
+    cancel = Tool.objects.get(agent=agent, name="cancel_order").declaration
+    assert (cancel["kind"], cancel["schema"]["required"]) == ("effect", ["order_id"])
+    assert Call.objects.filter(tool="find_order").count() == 2
+
+
 AGENT_PROCESS = """
 import json, sys
 import httpx
