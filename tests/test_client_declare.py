@@ -21,6 +21,7 @@ from langchain_core.tools import tool as langchain_tool
 from startsafe_client.langchain import journaled
 
 import startsafe_client as ss
+from runs import registry
 from runs.models import Call, Tool, ToolDeclaration, ToolMode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -432,15 +433,27 @@ def test_the_mcp_proxy_declares_its_servers_tools_once_before_the_first_call(
 def test_under_closed_mode_the_proxy_starts_and_refuses_the_unregistered_tools_call(
     live_server, agent, tmp_path
 ):
+    registry.declare_tools(agent, [{"name": "notes.post_note", "kind": "effect"}])  # an admin's
     agent.tool_mode = ToolMode.CLOSED
     agent.save(update_fields=["tool_mode"])
 
-    declared, (result,) = _proxy_calls(
-        live_server, agent, tmp_path, ("post_note", {"note_id": "n-1", "text": "hello"})
+    declared, (posted, added) = _proxy_calls(
+        live_server,
+        agent,
+        tmp_path,
+        ("post_note", {"note_id": "n-1", "text": "hello"}),
+        ("add_note", {"customer": "ana", "text": "hello"}),
     )
 
-    assert result.is_error
-    text = result.content[0].text
-    assert "tool_not_registered" in text and "notes.post_note" in text
-    assert len(declared) == 4  # each refused in turn: its call is refused by name
-    assert not Tool.objects.exists() and not Call.objects.exists()
+    assert not posted.is_error  # registered: it runs
+    assert added.is_error
+    text = added.content[0].text
+    assert "tool_not_registered" in text and "notes.add_note" in text
+    # All four refused at once; then the registered one alone, with its schema.
+    assert [declared_names([body]) for body in declared] == [
+        ["notes.add_note", "notes.environment", "notes.post_note", "notes.purge_notes"],
+        ["notes.post_note"],
+    ]
+    assert list(Tool.objects.values_list("name", flat=True)) == ["notes.post_note"]
+    assert Tool.objects.get().declaration["schema"]["required"] == ["note_id", "text"]
+    assert list(Call.objects.values_list("tool", flat=True)) == ["notes.post_note"]

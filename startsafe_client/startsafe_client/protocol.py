@@ -528,8 +528,12 @@ class ClientCore:
                 except ToolNotRegistered as refusal:
                     if not lenient or refusal.tool not in {d["name"] for d in batch}:
                         raise
-                    refused.append(str(refusal.tool))
-                    batch = [d for d in batch if d["name"] != refusal.tool]
+                    # The server names one refused tool per answer: keep those the
+                    # agent has registered (one listing, not a try per tool), and never
+                    # the one it named, so that each round declares fewer.
+                    registered = (yield from self._registered()) - {refusal.tool}
+                    refused += [d["name"] for d in batch if d["name"] not in registered]
+                    batch = [d for d in batch if d["name"] in registered]
                     continue
                 except StartsafeError as error:
                     if not (lenient and error.status == 404):
@@ -541,6 +545,17 @@ class ClientCore:
         for declared in declarations:
             _DECLARED.add(self._sent_key(declared["name"], _digest(declared)))
         return Declared(answered, tuple(refused), registry)
+
+    def _registered(self) -> Steps[set[str]]:
+        """The names of the agent's registered tools (``GET /tools``, every page)."""
+        names: set[str] = set()
+        cursor = None
+        while True:
+            page = yield from self._get("/tools", {"limit": 200, "cursor": cursor})
+            names.update(tool["name"] for tool in page.get("items") or [])
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return names
 
     def _say(
         self, declared: Declared, log: logging.Logger = logger, level: int = logging.WARNING
