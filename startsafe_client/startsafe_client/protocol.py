@@ -497,7 +497,8 @@ class ClientCore:
         version = self._version
         waiting = [
             declared
-            for declared, digest in self._declarations.values()
+            # a copy: an adapter may add tools from another thread (a Run in a worker)
+            for declared, digest in list(self._declarations.values())
             if self._sent_key(declared["name"], digest) not in _DECLARED
         ]
         if not waiting:
