@@ -54,6 +54,7 @@ from .errors import (
     RunFinished,
     ServiceUnavailable,
     StartsafeError,
+    ToolNotRegistered,
     Unauthorized,
 )
 from .keys import Key, content_key, content_key_of_file, intent_key, provider_key
@@ -90,6 +91,7 @@ __all__ = [
     "ServiceUnavailable",
     "StartsafeError",
     "Tool",
+    "ToolNotRegistered",
     "ToolSpec",
     "Unauthorized",
     "Waiting",

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import weakref
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
@@ -42,9 +43,15 @@ from .attempt import RunCore, _is_async
 from .protocol import ClientCore, Driven, Invoke, Op, Send, Sleep, Steps, T
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
 
     from .specs import Tool, ToolSpec
+
+# The lock of each event loop around "declare what the process has not sent" (an
+# asyncio lock belongs to one loop; protocol.py's ``_DECLARED`` is the process's).
+_DECLARING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class AsyncRun(RunCore):
@@ -138,6 +145,12 @@ class AsyncClient(ClientCore):
             self, effect_id: str, etag: str | None
         ) -> tuple[dict[str, Any] | None, str]: ...
         def run(self, run_key: str, **options: Any) -> AsyncRun: ...
+        async def declare_tools(
+            self,
+            tools: Mapping[str, ToolSpec] | Iterable[Tool],
+            *,
+            schemas: Mapping[str, Mapping[str, Any]] | None = None,
+        ) -> list[dict[str, Any]]: ...
 
     async def _drive(self, steps: Steps[T]) -> T:
         driven = Driven(steps)
@@ -153,6 +166,18 @@ class AsyncClient(ClientCore):
         if isinstance(op, Sleep):
             return await _settled(self.sleep(op.seconds))
         return await _call_off_the_loop(op)
+
+    async def _call_declared(self, tool: Tool, steps: Steps[T]) -> T:
+        """Declare this client's tools the process has not sent (once: the other tasks
+        of the loop wait on its lock), then the call."""
+        if self._needs_declaring(tool):
+            loop = asyncio.get_running_loop()
+            lock = _DECLARING.get(loop) or _DECLARING.setdefault(loop, asyncio.Lock())
+            async with lock:
+                waiting = self._declaring(tool)
+                if waiting:
+                    self._say(await self._drive(self._declare(waiting, lenient=True)))
+        return await self._drive(steps)
 
     async def aclose(self) -> None:
         """Close the HTTP connections."""

@@ -108,9 +108,16 @@ class RunCore:
         an effect, the result dict (executed now, or the recorded one on skip; a
         value that is not a dict is recorded as ``{"value": ...}``).
 
+        Before the first call, the client's tools (``@client.tool``, an adapter's
+        specs, and this one) are declared to the registry (``POST /tools``), once per
+        process for each declaration: later runs and clients of the process send
+        nothing more until a tool or its declaration is new.
+
         Raises:
             KeyRefused: the key rule found no key in these arguments; nothing was
                 recorded.
+            ToolNotRegistered: the agent's ``closed`` mode refuses this tool (``tool``
+                names it) until an admin registers it; nothing was recorded.
             EffectBlocked: rejected or expired; ``for_model`` is meant for the model.
             ApprovalTimeout: the bounded wait for a decision ran out.
             OutcomeUnknown: in review and the tool has no lookup (or it could not tell).
@@ -122,7 +129,7 @@ class RunCore:
         """
         if not isinstance(tool, Tool):
             raise TypeError("run.call takes a tool declared with @client.tool")
-        return self.client._drive(self._call(tool, args))
+        return self.client._call_declared(tool, self._call(tool, args))
 
     def call_spec(
         self,
@@ -146,7 +153,7 @@ class RunCore:
         and :class:`KeyRefused` carry ``for_model``, the text to hand the model.
         """
         tool = Tool(fn=perform, name=name, spec=spec, args_as_dict=True)
-        return self.client._drive(self._call(tool, args))
+        return self.client._call_declared(tool, self._call(tool, args))
 
     # --- state that needs no I/O ------------------------------------------------------
 

@@ -21,8 +21,9 @@ from typing import Any
 
 import httpx
 
-from .protocol import ClientCore, Driven, Invoke, Op, Send, Sleep, Steps, T
+from .protocol import _DECLARING, ClientCore, Driven, Invoke, Op, Send, Sleep, Steps, T
 from .run import Run
+from .specs import Tool
 
 
 class Client(ClientCore):
@@ -57,6 +58,16 @@ class Client(ClientCore):
         if isinstance(op, Sleep):
             return self.sleep(op.seconds)
         return _call_here(op)
+
+    def _call_declared(self, tool: Tool, steps: Steps[T]) -> T:
+        """Declare this client's tools the process has not sent (once, whichever thread
+        comes first: the others wait on the process's lock), then the call."""
+        if self._needs_declaring(tool):
+            with _DECLARING:
+                waiting = self._declaring(tool)
+                if waiting:
+                    self._say(self._drive(self._declare(waiting, lenient=True)))
+        return self._drive(steps)
 
     def close(self) -> None:
         """Close the HTTP connections."""

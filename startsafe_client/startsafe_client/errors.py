@@ -15,6 +15,7 @@ RestartBlocked           the verdict refuses: an operator must allow the restart
 RunFinished              the run is completed or abandoned: stop, nothing more to do
 AttemptSuperseded        a newer attempt took over: stop at once, do nothing more
 KeyConflict              two tools name the same key: a bug in a key rule
+ToolNotRegistered        the agent's ``closed`` mode takes no new tools: an admin registers ``tool``
 ClaimConflict            the effect changed hands (an operator decided): re-read it
 RequestInProgress        retried automatically; raised only when retries ran out
 IdempotencyKeyReused     the same ``Idempotency-Key`` with another body: a client bug
@@ -171,6 +172,18 @@ class KeyConflict(StartsafeError):
         return self.details.get("tool")
 
 
+class ToolNotRegistered(StartsafeError):
+    """409: under the agent's ``closed`` mode, ``tool`` is not registered: only an admin
+    adds tools (the tools page), and nothing was recorded."""
+
+    code = "tool_not_registered"
+
+    @property
+    def tool(self) -> str | None:
+        """The tool that is not registered."""
+        return self.details.get("tool")
+
+
 class ClaimConflict(StartsafeError):
     """409: this attempt cannot hold the effect now; ``effect_status`` is its status."""
 
@@ -236,6 +249,7 @@ ERRORS_BY_CODE: dict[str, type[StartsafeError]] = {
         RunFinished,
         AttemptSuperseded,
         KeyConflict,
+        ToolNotRegistered,
         ClaimConflict,
         RequestInProgress,
         IdempotencyKeyReused,

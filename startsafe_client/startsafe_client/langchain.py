@@ -257,6 +257,11 @@ def journaled(
     if unknown:
         raise ValueError(f"specs name tools that are not given: {', '.join(unknown)}")
     wrapped = JournaledTools()
+    # Declared with their schemas before the run's first call (once per process).
+    run.client._adopt(
+        (specs.get(t.name) or _undeclared(t)).declaration(t.name, schema=_json_schema(t))
+        for t in given
+    )
     for tool in given:
         spec = specs.get(tool.name) or _undeclared(tool)
         wrapped.append(
@@ -307,6 +312,16 @@ def _undeclared(tool: BaseTool) -> ToolSpec:
     if (tool.metadata or {}).get("readOnlyHint") is True:
         return read()
     return effect()
+
+
+def _json_schema(tool: BaseTool) -> dict[str, Any] | None:
+    """The JSON Schema of the arguments the model writes (the tool-call schema)."""
+    schema = tool.tool_call_schema
+    if isinstance(schema, dict):
+        return schema
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        return schema.model_json_schema()
+    return None
 
 
 def _model_fields(tool: BaseTool) -> frozenset[str] | None:

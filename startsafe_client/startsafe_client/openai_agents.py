@@ -128,9 +128,12 @@ def journaled(
     if unknown:
         raise ValueError(f"specs name tools that are not given: {', '.join(unknown)}")
     wrapped = JournaledTools()
+    declarations = []
     for tool in tools:
         spec = specs.get(tool.name) or _undeclared(tool, trust_read_only_hints)
         wrapped.append(_journaled_tool(run, tool, spec, wrapped.waiting))
+        declarations.append(spec.declaration(tool.name, schema=tool.params_json_schema))
+    run.client._adopt(declarations)  # declared with their schemas before the first call
     return wrapped
 
 

@@ -27,10 +27,14 @@ server's ``Retry-After``; every other 4xx is raised at once as a typed exception
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import logging
 import random
+import threading
 import time
 import uuid
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
@@ -41,6 +45,7 @@ from .errors import (
     RequestInProgress,
     ServiceUnavailable,
     StartsafeError,
+    ToolNotRegistered,
     error_from_answer,
 )
 from .specs import Tool, ToolSpec
@@ -49,8 +54,23 @@ if TYPE_CHECKING:
     from .attempt import RunCore
 
 API_PREFIX = "/api/v1"
+DECLARE_BATCH = 500  # api.md, POST /tools: 1–500 tools
+
+logger = logging.getLogger("startsafe_client")
+NO_REGISTRY = (
+    "POST /api/v1/tools answered 404: this startsafe server has no tool registry yet, "
+    "so the tools are not declared"
+)
 
 T = TypeVar("T")
+
+# The declarations this process sent, by (server, token digest, tool name, declaration
+# digest): every client of the process reads it, so each declaration is sent once per
+# process (api.md: "once per process, before the first call"), whatever the number of
+# clients and runs. ``_DECLARING`` makes the sync clients' check-then-send one step;
+# AsyncClient holds an asyncio lock of its loop instead (aio.py).
+_DECLARED: set[tuple[str, str, str, str]] = set()
+_DECLARING = threading.Lock()
 
 
 # --- The operations a step asks its transport for ---------------------------------
@@ -178,6 +198,23 @@ class Waiting:
         return self.effect.get("status")
 
 
+@dataclass(frozen=True)
+class Declared:
+    """What a declaration of tools (``POST /api/v1/tools``) came to.
+
+    Attributes:
+        tools: the Tool objects the server answered (api.md), with their effective rules.
+        refused: the tools the agent's ``closed`` mode refused (their calls are
+            refused too, ``409 tool_not_registered``); only a lenient declaration
+            goes on without them.
+        registry: whether the server has a tool registry (an older one answers 404).
+    """
+
+    tools: list[dict[str, Any]]
+    refused: tuple[str, ...] = ()
+    registry: bool = True
+
+
 class ClientCore:
     """The options, requests and declarations of :class:`Client` and :class:`AsyncClient`.
 
@@ -255,6 +292,12 @@ class ClientCore:
         self.sleep = sleep or type(self)._default_sleep
         self.clock = clock
         self._sending = type(self)._gate_class(max_connections)
+        # This client's tools: name -> (declaration, its digest), sent before the first
+        # call (``_undeclared``); ``_settled`` is the ``_version`` last found all sent.
+        self._token_digest = hashlib.sha256(token.encode()).hexdigest()
+        self._declarations: dict[str, tuple[dict[str, Any], str]] = {}
+        self._version = 0
+        self._settled = 0
         self._http = self._http_class(
             base_url=base + API_PREFIX,
             headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
@@ -402,6 +445,149 @@ class ClientCore:
         """
         return self._drive(self._poll_effect(effect_id, etag))
 
+    # --- Declaring tools to the registry (api.md, POST /tools) ----------------------
+
+    def declare_tools(
+        self,
+        tools: Mapping[str, ToolSpec] | Iterable[Tool],
+        *,
+        schemas: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Declare tools now (``POST /api/v1/tools``); returns the server's Tool objects.
+
+        ``tools``: the specs by name (the ``specs`` an adapter takes) or the tools
+        ``@client.tool`` made; ``schemas``: each tool's argument JSON Schema by name,
+        where known. They join this client's tools, and count as declared for the
+        process: the first call of a run sends nothing more for them.
+
+        A run declares this client's tools by itself before its first call, once per
+        process, so this is needed only to declare early, or tools no call names.
+        Raises what ``POST`` raises, :class:`ToolNotRegistered` under the agent's
+        ``closed`` mode for a tool only an admin may add.
+        """
+        declarations = self._adopt(_declarations_of(tools, schemas or {}))
+        return self._drive(self._declared_tools(self._declare(declarations, lenient=False)))
+
+    def _declared_tools(self, steps: Steps[Declared]) -> Steps[list[dict[str, Any]]]:
+        return (yield from steps).tools
+
+    def _adopt(
+        self, declarations: Iterable[Mapping[str, Any]], *, replace: bool = True
+    ) -> list[dict[str, Any]]:
+        """Make these declarations this client's (to be sent before its next call);
+        ``replace=False`` keeps a tool's declaration already known (a call's spec does
+        not undo an adapter's, which has the schema)."""
+        adopted = []
+        for given in declarations:
+            declared = dict(given)
+            if not replace and declared["name"] in self._declarations:
+                continue
+            digest = _digest(declared)
+            if self._declarations.get(declared["name"], (None, ""))[1] != digest:
+                self._declarations[declared["name"]] = (declared, digest)
+                self._version += 1
+            adopted.append(declared)
+        return adopted
+
+    def _undeclared(self) -> list[dict[str, Any]]:
+        """This client's declarations the process has not sent yet (none, quickly, when
+        nothing changed since they were all found sent)."""
+        if self._settled == self._version:
+            return []
+        version = self._version
+        waiting = [
+            declared
+            # a copy: an adapter may add tools from another thread (a Run in a worker)
+            for declared, digest in list(self._declarations.values())
+            if self._sent_key(declared["name"], digest) not in _DECLARED
+        ]
+        if not waiting:
+            self._settled = version
+        return waiting
+
+    def _sent_key(self, name: str, digest: str) -> tuple[str, str, str, str]:
+        return (self.base_url, self._token_digest, name, digest)
+
+    def _declare(self, declarations: list[dict[str, Any]], *, lenient: bool) -> Steps[Declared]:
+        """``POST /tools`` in batches of 500, with the client's retries; then the process
+        counts them as sent.
+
+        Errors are raised as every answer's are, except, when ``lenient`` (a run's own
+        declaration before its first call): a tool the ``closed`` mode refuses is left
+        out (and the rest declared again), so the tools an admin registered still run
+        and the refused one's own call is refused with ``409 tool_not_registered``; and
+        a server without a registry (404, older than the registry) is declared nothing.
+        """
+        answered: list[dict[str, Any]] = []
+        refused: list[str] = []
+        registry = True
+        for start in range(0, len(declarations), DECLARE_BATCH):
+            batch = declarations[start : start + DECLARE_BATCH]
+            while batch and registry:
+                try:
+                    answer = yield from self._post("/tools", {"tools": batch})
+                except ToolNotRegistered as refusal:
+                    if not lenient or refusal.tool not in {d["name"] for d in batch}:
+                        raise
+                    # The server names one refused tool per answer: keep those the
+                    # agent has registered (one listing, not a try per tool), and never
+                    # the one it named, so that each round declares fewer.
+                    registered = (yield from self._registered()) - {refusal.tool}
+                    refused += [d["name"] for d in batch if d["name"] not in registered]
+                    batch = [d for d in batch if d["name"] in registered]
+                    continue
+                except StartsafeError as error:
+                    if not (lenient and error.status == 404):
+                        raise
+                    registry = False
+                    break
+                answered.extend(answer.get("tools") or [])
+                batch = []
+        for declared in declarations:
+            _DECLARED.add(self._sent_key(declared["name"], _digest(declared)))
+        return Declared(answered, tuple(refused), registry)
+
+    def _registered(self) -> Steps[set[str]]:
+        """The names of the agent's registered tools (``GET /tools``, every page)."""
+        names: set[str] = set()
+        cursor = None
+        while True:
+            page = yield from self._get("/tools", {"limit": 200, "cursor": cursor})
+            names.update(tool["name"] for tool in page.get("items") or [])
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return names
+
+    def _say(
+        self, declared: Declared, log: logging.Logger = logger, level: int = logging.WARNING
+    ) -> None:
+        """Log what a lenient declaration left undone: nothing is dropped silently (a
+        server without a registry at ``level``)."""
+        if declared.refused:
+            log.warning(
+                "the agent's closed mode refused to register %s: an admin registers them "
+                "on the tools page (%s/tools/); until then their calls are refused",
+                ", ".join(declared.refused),
+                self.base_url,
+            )
+        if not declared.registry:
+            log.log(level, NO_REGISTRY)
+
+    def _needs_declaring(self, tool: Tool) -> bool:
+        """Whether a call of ``tool`` must first declare (quick, without a lock: the
+        tool is known and every declaration of this client was found sent)."""
+        return tool.name not in self._declarations or self._settled != self._version
+
+    def _declaring(self, tool: Tool) -> list[dict[str, Any]]:
+        """Under the transport's lock: the tool joins this client's tools (unless one of
+        that name is known), and what the process has not sent yet is returned."""
+        self._adopt([tool.spec.declaration(tool.name)], replace=False)
+        return self._undeclared()
+
+    def _call_declared(self, tool: Tool, steps: Steps[T]) -> Any:
+        """A call's steps, after this client's tools are declared (the transport's)."""
+        raise NotImplementedError
+
     # --- Declaring tools and running ------------------------------------------------
 
     def tool(
@@ -444,7 +630,9 @@ class ClientCore:
             spec = ToolSpec(kind=kind, **declaration)
 
         def declare(func: Callable[..., Any]) -> Tool:
-            return Tool(fn=func, name=name or func.__name__, spec=spec)
+            tool = Tool(fn=func, name=name or func.__name__, spec=spec)
+            self._adopt([spec.declaration(tool.name)])  # declared before the first call
+            return tool
 
         return declare(fn_or_spec) if callable(fn_or_spec) else declare
 
@@ -459,6 +647,26 @@ class ClientCore:
         (heartbeats) and on exit (finish completed, or failed and re-raise).
         """
         return self._run_class(self, run_key, **options)
+
+
+def _declarations_of(
+    tools: Mapping[str, ToolSpec] | Iterable[Tool], schemas: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Declarations of specs by name, or of :class:`Tool` objects, with their schemas."""
+    named = tools.items() if isinstance(tools, Mapping) else ((t.name, t.spec) for t in tools)
+    declarations = []
+    for name, spec in named:
+        if not isinstance(spec, ToolSpec):
+            raise TypeError(f"tool {name!r}: declare it with read() or effect(), not {spec!r}")
+        schema = schemas.get(name)
+        declarations.append(spec.declaration(name, schema=dict(schema) if schema else None))
+    return declarations
+
+
+def _digest(declared: Mapping[str, Any]) -> str:
+    """A declaration's identity in this process (its canonical JSON's SHA-256)."""
+    text = json.dumps(declared, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _checked_token(token: str | None) -> str:

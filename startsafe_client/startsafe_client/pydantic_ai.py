@@ -170,6 +170,17 @@ class JournaledToolset(WrapperToolset[Any]):
 
     # --- each call ---------------------------------------------------------------------
 
+    async def get_tools(self, ctx: Any) -> dict[str, ToolsetTool[Any]]:
+        """The wrapped toolset's tools; each declared with its JSON Schema before the
+        run's first call (once per process, by the client)."""
+        tools = await super().get_tools(ctx)
+        client = self.run if isinstance(self.run, ClientCore) else self.run.client
+        client._adopt(
+            self.spec_for(name, tool).declaration(name, schema=tool.tool_def.parameters_json_schema)
+            for name, tool in tools.items()
+        )
+        return tools
+
     def spec_for(self, name: str, tool: ToolsetTool[Any]) -> ToolSpec:
         """The tool's declaration; an unkeyed effect when it has none (module doc)."""
         if name in self.specs:

@@ -171,6 +171,30 @@ class ToolSpec:
         text = self.preview if isinstance(self.preview, str) else self.preview(args)
         return str(text)[:4000]
 
+    def declaration(
+        self,
+        name: str,
+        *,
+        schema: dict[str, Any] | None = None,
+        annotations: dict[str, Any] | None = None,
+        key_source: str | None = None,
+    ) -> dict[str, Any]:
+        """The tool's declaration as ``POST /api/v1/tools`` takes it (api.md, "Additions
+        in v1"): its kind and approval, with the argument schema, MCP annotations and
+        key source where the caller knows them. A key rule's source is known only once
+        it built a key, so a spec alone declares none (its calls send it)."""
+        declared: dict[str, Any] = {"name": name, "kind": self.kind}
+        if key_source is not None:
+            declared["key_source"] = key_source
+        if self.needs_approval:
+            declared["needs_approval"] = True
+            declared["approvals_required"] = self.approvals_required
+        if schema is not None:
+            declared["schema"] = schema
+        if annotations is not None:
+            declared["annotations"] = annotations
+        return declared
+
     def performed_nothing(self, error: BaseException) -> bool:
         """Whether the tool's exception says that nothing was sent (so report ``failed``)."""
         return isinstance(error, (NotPerformed, *self.not_performed))

@@ -83,7 +83,6 @@ RUN_KEY_META = "startsafe/run_key"
 REFUSED_CODES = frozenset(
     {types.PARSE_ERROR, types.INVALID_REQUEST, types.METHOD_NOT_FOUND, types.INVALID_PARAMS}
 )
-DECLARE_BATCH = 500  # api.md, POST /tools: 1–500 tools
 MAX_RECORDED = 200_000  # characters of JSON; api.md: a result is up to 256 KiB
 SESSION_ENDED = (
     "startsafe-mcp stopped (its MCP session ended); a proxy started again with this "
@@ -174,29 +173,24 @@ class Proxy:
         )
 
     async def declare_tools(self) -> frozenset[str]:
-        """``POST /api/v1/tools`` once, with each tool's schema and annotations.
+        """``POST /api/v1/tools`` once, with each tool's schema and annotations, through
+        the client's declaration (its batches, retries and process-wide record, so the
+        calls' own declaration finds them sent and sends nothing more).
 
         Returns the tools an admin confirmed in the registry. A server without the
-        registry answers 404: the step is skipped (a debug line says so).
+        registry answers 404: the step is skipped (a debug line says so). Under the
+        agent's ``closed`` mode the tools it refuses are left out with a warning; their
+        calls are refused (``tool_not_registered``) while the others run.
         """
-        declarations = [self._declaration(t) for t in self.upstreams.by_qualified.values()]
-        confirmed: set[str] = set()
-        for start in range(0, len(declarations), DECLARE_BATCH):
-            body = {"tools": declarations[start : start + DECLARE_BATCH]}
-            try:
-                answer = await self.client.post("/tools", body)
-            except StartsafeError as error:
-                if error.status == 404:
-                    logger.debug(
-                        "POST /api/v1/tools answered 404: this startsafe server has no tool "
-                        "registry yet, so the tools are not declared"
-                    )
-                    return frozenset()
-                raise StartFailed(f"declaring the tools to startsafe failed: {error}") from error
-            confirmed.update(
-                t["name"] for t in answer.get("tools") or [] if t.get("state") == "confirmed"
-            )
-        return frozenset(confirmed)
+        declarations = self.client._adopt(
+            self._declaration(t) for t in self.upstreams.by_qualified.values()
+        )
+        try:
+            declared = await self.client._drive(self.client._declare(declarations, lenient=True))
+        except StartsafeError as error:
+            raise StartFailed(f"declaring the tools to startsafe failed: {error}") from error
+        self.client._say(declared, logger, logging.DEBUG)
+        return frozenset(t["name"] for t in declared.tools if t.get("state") == "confirmed")
 
     def _declaration(self, tool: UpstreamTool) -> dict[str, Any]:
         rule = self.config.tools.get(tool.qualified)
