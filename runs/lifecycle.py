@@ -488,7 +488,7 @@ def start_run(
         outcome = _restart_locked(run, supersede, agent_version, actor, now)
     if isinstance(outcome, Verdict):
         raise RestartBlocked(
-            "The restart is not safe: " + "; ".join(b["message"] for b in outcome.blocking),
+            "The restart is not safe: " + " ".join(b["message"] for b in outcome.blocking),
             {"verdict": outcome.as_dict()},
         )
     return outcome

@@ -574,7 +574,7 @@ def test_a_restart_blocked_for_several_reasons_names_each_and_starts_nothing(age
 
     unkeyed = "An unkeyed effect of {} was started: nothing could deduplicate it on replay."
     reasons = [unkeyed.format("refund"), unkeyed.format("charge")]
-    assert caught.value.message == "The restart is not safe: " + "; ".join(reasons)
+    assert caught.value.message == "The restart is not safe: " + " ".join(reasons)
     assert [b["message"] for b in caught.value.details["verdict"]["blocking"]] == reasons
     stored = Run.objects.get(pk=run.pk)
     assert (stored.status, stored.current_attempt) == (RunStatus.FAILED, 1)
