@@ -319,7 +319,7 @@ def release_effect(
     return _decide_effect(effect_id, user, args_hash, "release", now, decide)
 
 
-def _decide_run(run_id: Any, user, now: datetime, decide) -> Run:
+def _decide_run(run_id: Any, user, decide) -> Run:
     actor = _require_decider(user)
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(pk=run_id).first()
@@ -360,7 +360,7 @@ def allow_restart(user, run_id: Any, *, note: str, now: datetime | None = None) 
 
         schedule_restart_handoff(run)
 
-    return _decide_run(run_id, user, now, decide)
+    return _decide_run(run_id, user, decide)
 
 
 def abandon_run(user, run_id: Any, *, note: str, now: datetime | None = None) -> Run:
@@ -375,4 +375,4 @@ def abandon_run(user, run_id: Any, *, note: str, now: datetime | None = None) ->
         run.override_note = ""
         set_run_status(run, RunStatus.ABANDONED, actor, now, note=note)
 
-    return _decide_run(run_id, user, now, decide)
+    return _decide_run(run_id, user, decide)

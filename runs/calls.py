@@ -607,10 +607,8 @@ def _tighten(effect: Effect, args_rule: dict | None) -> bool:
     if args_rule["action"] == "require":
         required = int(args_rule.get("approvals", 1))
         if not effect.needs_approval or effect.approvals_required < required:
-            effect.approvals_required = (
-                max(effect.approvals_required, required) if effect.needs_approval else required
-            )
             effect.needs_approval = True
+            effect.approvals_required = required
     return False
 
 

@@ -85,12 +85,10 @@ def stricter(adopted: dict, new: dict) -> dict:
     """``new`` where it is not looser than ``adopted``: the declaration a change brings
     into force before an admin confirms it. ``effect`` stays an effect, approval stays
     required, approvers never fewer; the rest (key source, schema, annotations) is
-    descriptive and follows the latest declaration."""
+    descriptive and follows the latest declaration. Both are in ``declaration``'s
+    form, where a declaration without approval has ``approvals_required`` 1."""
     needs = adopted["needs_approval"] or new["needs_approval"]
-    approvals = max(
-        adopted["approvals_required"] if adopted["needs_approval"] else 1,
-        new["approvals_required"] if new["needs_approval"] else 1,
-    )
+    approvals = max(adopted["approvals_required"], new["approvals_required"])
     kind = CallKind.EFFECT if CallKind.EFFECT in (adopted["kind"], new["kind"]) else CallKind.READ
     return {**new, "kind": str(kind), "needs_approval": needs, "approvals_required": approvals}
 
@@ -137,8 +135,8 @@ def _register(agent: Agent, name: str, decl: dict, source: str, now: datetime) -
     return tool, created
 
 
-def _apply_declaration(tool: Tool, decl: dict, now: datetime) -> bool:
-    """Record ``decl`` for a registered, locked tool; whether anything changed.
+def _apply_declaration(tool: Tool, decl: dict, now: datetime) -> None:
+    """Record ``decl`` for a registered, locked tool.
 
     The same declaration again changes nothing. Another one is a change: kept in
     the history, shown as ``changed``, and adopted only where it is stricter. The
@@ -147,7 +145,7 @@ def _apply_declaration(tool: Tool, decl: dict, now: datetime) -> bool:
     """
     digest = fingerprint(decl)
     if digest == tool.fingerprint:
-        return False
+        return
     tool.declaration = decl
     tool.fingerprint = digest
     if digest == tool.adopted_fingerprint:
@@ -158,7 +156,6 @@ def _apply_declaration(tool: Tool, decl: dict, now: datetime) -> bool:
     tool.updated_at = now
     tool.save(update_fields=["declaration", "fingerprint", "adopted", "state", "updated_at"])
     _keep_in_history(tool, "declared", now)
-    return True
 
 
 def declare_tools(agent: Agent, declarations: list[dict], *, now: datetime | None = None) -> list:
