@@ -15,7 +15,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import DurationField, Exists, ExpressionWrapper, F, OuterRef, Value
 
 from approvals.models import Escalation, Notification, NotificationKind
@@ -53,22 +53,24 @@ def escalate_due(now: datetime) -> int:
     how many were escalated now. Safe to run twice, and from two workers at once."""
     if not escalation_on():
         return 0
-    # deadline - ttl * (1 - share) <= now, in the database: due effects only, read
-    # through the awaiting effects, not the journal.
-    remaining = ExpressionWrapper(
-        F("approval_ttl") * Value(timedelta(seconds=1 - _share())), output_field=DurationField()
-    )
     due = (
-        Effect.objects.filter(
-            status=EffectStatus.AWAITING_APPROVAL,
-            approval_expires_at__gt=now,
-            approval_expires_at__lte=Value(now) + remaining,
-        )
+        Effect.objects.filter(status=EffectStatus.AWAITING_APPROVAL, approval_expires_at__gt=now)
         .filter(~Exists(Escalation.objects.filter(effect=OuterRef("pk"))))
         .order_by("approval_expires_at")
-        .values_list("pk", flat=True)[:BATCH]
     )
-    return sum(escalate(effect_id, now) for effect_id in list(due))
+    if connection.vendor == "postgresql":
+        # deadline - ttl * (1 - share) <= now, in the database: the due effects only.
+        # (SQLite cannot multiply a duration; the embedded default's few awaiting
+        # effects are sifted below, as every candidate is.)
+        remaining = ExpressionWrapper(
+            F("approval_ttl") * Value(timedelta(seconds=1 - _share())),
+            output_field=DurationField(),
+        )
+        due = due.filter(approval_expires_at__lte=Value(now) + remaining)
+    candidates = due.only("pk", "approval_expires_at", "approval_ttl")[:BATCH]
+    return sum(
+        escalate(effect.pk, now) for effect in list(candidates) if escalation_due_at(effect) <= now
+    )
 
 
 def escalate(effect_id, now: datetime) -> bool:

@@ -257,7 +257,9 @@ def test_reject_by_link_needs_a_note(agent, operator):
     answer = signed_in(operator).post(path, {"note": "  "})
 
     assert answer.status_code == 400
-    assert "A note is required" in answer.content.decode()
+    # The form again, with why: the operator adds a note and confirms.
+    assert "A note is required." in answer.content.decode()
+    assert 'id="link-form"' in answer.content.decode()
     assert snapshot(effect) == before
 
 
