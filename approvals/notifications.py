@@ -190,10 +190,13 @@ def deciders_by_email(addresses: list[str]) -> dict[str, object]:
     and may decide: only they get signed action links (a link decides for one user;
     an address two accounts share could not say whose decision it is)."""
     users: dict[str, list] = {}
-    wanted = {a.lower() for a in addresses}
-    for user in get_user_model().objects.filter(is_active=True).exclude(email=""):
-        if user.email.lower() in wanted:
-            users.setdefault(user.email.lower(), []).append(user)
+    if not addresses:
+        return {}
+    same_address = Q()
+    for address in addresses:
+        same_address |= Q(email__iexact=address)
+    for user in get_user_model().objects.filter(same_address, is_active=True):
+        users.setdefault(user.email.lower(), []).append(user)
     return {
         address: found[0]
         for address in addresses

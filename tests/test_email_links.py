@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import pytest
 import time_machine
+from django.contrib.auth.models import Group, User
 from django.core import mail
 from django.db import connection
 from django.test import Client
@@ -119,6 +120,20 @@ def test_an_address_that_is_no_operators_gets_the_console_link_only(agent, opera
     assert "carries no action links" in message.body
 
 
+def test_an_address_two_accounts_share_gets_no_action_links(agent, operator, settings):
+    # A link decides for one person: whose decision it would be is not known here.
+    twin = User.objects.create_user("olivia2", "Olivia@example.com", "pw-olivia2")
+    twin.groups.add(Group.objects.get(name="operators"))
+    settings.STARTSAFE = {**settings.STARTSAFE, "NOTIFY_EMAILS": ["olivia@example.com"]}
+    awaiting_campaign(agent)
+
+    notify()
+
+    (message,) = mail.outbox
+    assert "Approve" not in links_in(message.body)
+    assert "carries no action links" in message.body
+
+
 # --- A GET decides nothing ------------------------------------------------------
 
 
@@ -174,6 +189,19 @@ def test_a_link_expires_after_its_ttl(agent, operator, settings):
     assert page.status_code == answer.status_code == 410
     assert "This link expired" in answer.content.decode()
     assert snapshot(effect) == before
+
+
+def test_a_shorter_ttl_set_later_shortens_the_links_already_sent(agent, operator, settings):
+    effect = awaiting_campaign(agent)
+    path = link_path(make_token(effect, operator, "approve"))  # for a day
+    settings.STARTSAFE = {**settings.STARTSAFE, "EMAIL_LINK_TTL": 600}  # then 10 minutes
+
+    with time_machine.travel(timezone.now() + timedelta(seconds=610)):
+        answer = signed_in(operator).post(path, {"note": ""})
+
+    assert answer.status_code == 410
+    effect.refresh_from_db()
+    assert effect.status == EffectStatus.AWAITING_APPROVAL
 
 
 def test_a_link_never_outlives_the_effects_deadline(agent, operator):

@@ -132,9 +132,11 @@ def test_an_effect_decided_after_it_was_found_due_is_not_escalated(agent, operat
 
 
 def test_an_effect_past_its_deadline_is_not_escalated(agent, operator, boss):
-    recorded(agent)
+    effect = recorded(agent)
 
     notify_at(TTL + 1)
+    # Nor by a pass that found it due the instant before (the sweep had not expired it).
+    assert escalate(effect.pk, at(TTL + 1)) is False
 
     assert not Escalation.objects.exists()
 
