@@ -17,12 +17,13 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
-from approvals.decisions import allowed_actions
-from approvals.forms import LinkDecisionForm
+from approvals.decisions import allowed_actions, can_decide, has_approved
+from approvals.forms import ApproveForm, LinkDecisionForm, MarkDoneForm, RejectForm
 from approvals.links import LABELS, Link, LinkRefused, check_link, decide_by_link
 from approvals.views import base_context
-from approvals.views_actions import _see_other, _stale_diff
+from approvals.views_actions import FORBIDDEN, _see_other, _stale_diff
 from approvals.views_common import versions_with_diffs
+from runs.audit import Actor
 from runs.errors import JournalError, StaleArgs
 from runs.lifecycle import is_past_deadline
 from runs.models import Effect, EffectVersion
@@ -41,11 +42,15 @@ def _edit_diff(effect: Effect) -> list:
 def _refusal(link: Link, effect: Effect, request: HttpRequest, now) -> tuple[int, str] | None:
     """Why the page cannot offer the link's action now, without changing anything
     (the decision itself re-checks all of it under the effect's lock)."""
+    if not can_decide(request.user):  # the role was taken away since the e-mail
+        return 403, FORBIDDEN
     if effect.args_hash != link.args_hash:
         return 409, "The arguments changed since the e-mail: review the new content below."
     if is_past_deadline(effect, now):
         return 409, "The approval deadline passed: the effect expired."
     if link.action not in allowed_actions(effect, request.user, now):
+        if link.action == "approve" and has_approved(effect, Actor.for_user(request.user).label):
+            return 409, "You already approved this version."
         return 409, f"It can no longer be done from this link: the effect is {effect.status}."
     return None
 
@@ -100,5 +105,7 @@ def link(request: HttpRequest, token: str) -> HttpResponse:
     if status != 200:
         effect.refresh_from_db()
         return render(request, TEMPLATE, context, status=status)
-    messages.success(request, f"{LABELS[found.action]}: {decided.tool} is {decided.status}.")
+    # The console's own words for it ("Approved send_campaign: the agent may claim it now.").
+    console_form = {"approve": ApproveForm, "reject": RejectForm, "mark_done": MarkDoneForm}
+    messages.success(request, console_form[found.action]().success_message(decided))
     return _see_other(reverse("console:effect", args=[decided.pk]))

@@ -49,4 +49,4 @@ def test_an_operator_follows_the_emails_link_and_approves_on_the_confirm_page(
     assert effect.status == EffectStatus.APPROVED
     event = AuditEvent.objects.get(effect=effect, verb="approved")
     assert (event.actor, event.note) == ("olivia", "fine from my phone (via e-mail link)")
-    assert "Approve: send_campaign is approved." in page.locator("#toasts").inner_text()
+    assert "Approved send_campaign" in page.locator("#toasts").inner_text()

@@ -232,6 +232,19 @@ def test_a_link_decides_only_for_its_recipient(agent, operator, second_operator)
     assert snapshot(effect) == before
 
 
+def test_a_link_of_someone_no_longer_an_operator_is_refused(agent, operator):
+    effect = awaiting_campaign(agent)
+    path = link_path(make_token(effect, operator, "approve"))
+    operator.groups.clear()
+    before = snapshot(effect)
+
+    client = signed_in(operator)
+    for answer in (client.get(path), client.post(path, {"note": ""})):
+        assert answer.status_code == 403
+        assert "needs the operator role" in answer.content.decode()
+    assert snapshot(effect) == before
+
+
 def test_a_link_for_arguments_that_changed_since_the_email_is_refused(agent, operator):
     effect = awaiting_campaign(agent)
     path = link_path(make_token(effect, operator, "approve"))
@@ -275,6 +288,29 @@ def test_a_link_decides_once(agent, operator):
     assert snapshot(effect) == after_first
     assert AuditEvent.objects.filter(effect=effect, verb="approved").count() == 1
     assert AuditEvent.objects.get(effect=effect, verb="approved").note == "via e-mail link"
+
+
+def test_two_approvers_each_approve_from_their_own_link(agent, operator, second_operator):
+    effect = awaiting_campaign(agent, approvals_required=2)
+    olivias = [link_path(make_token(effect, operator, "approve")) for _ in range(2)]
+    oscars = link_path(make_token(effect, second_operator, "approve"))
+    client = signed_in(operator)
+
+    first = client.post(olivias[0], {"note": ""}, follow=True)
+    assert "Your approval of send_campaign is recorded (1 of 2)." in first.content.decode()
+    # Her other link for the same version: the two-person rule still holds.
+    page = client.get(olivias[1])
+    assert page.status_code == 409 and "You already approved this version." in (
+        page.content.decode()
+    )
+    assert client.post(olivias[1], {"note": ""}).status_code == 409
+    effect.refresh_from_db()
+    assert effect.status == EffectStatus.AWAITING_APPROVAL
+
+    assert signed_in(second_operator).post(oscars, {"note": ""}).status_code == 303
+    effect.refresh_from_db()
+    assert effect.status == EffectStatus.APPROVED
+    assert [a["by"] for a in effect.current_approvals] == ["olivia", "oscar"]
 
 
 def test_reject_by_link_needs_a_note(agent, operator):
