@@ -285,3 +285,17 @@ class PolicyForm(forms.ModelForm):
     class Meta:
         model = ToolPolicy
         fields = POLICY_FIELDS
+
+
+class LinkDecisionForm(forms.Form):
+    """The confirm page of a signed e-mail link (approvals/links.py): the link names
+    the effect, its version and the action; the form adds the note (required to
+    reject or mark done, as in the console) and, for a rejection, ``final``."""
+
+    note = note_field(required=False)
+    final = forms.BooleanField(required=False)
+
+    def __init__(self, *args, action: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.action = action
+        self.fields["note"].required = action != "approve"

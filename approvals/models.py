@@ -47,6 +47,8 @@ class NotificationKind(models.TextChoices):
     AWAITING_APPROVAL = "awaiting_approval"
     DEADLINE_NEAR = "deadline_near"
     NEEDS_PERSON = "needs_person"
+    # Sent to the escalation group (STARTSAFE_ESCALATE_EMAILS), not to the operators.
+    ESCALATED = "escalated"
 
 
 class Notification(models.Model):
@@ -54,7 +56,8 @@ class Notification(models.Model):
 
     kind = models.CharField(max_length=20, choices=NotificationKind.choices)
     # Makes writing the same news twice a no-op ("awaiting_approval:<audit id>",
-    # "deadline_near:<effect>:<deadline>", "needs_person:<run>:<attempt>").
+    # "deadline_near:<effect>:<deadline>", "needs_person:<run>:<attempt>",
+    # "escalated:<effect>").
     dedupe_key = models.CharField(max_length=200, unique=True)
     run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     effect = models.ForeignKey(
@@ -85,3 +88,43 @@ class Notification(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.status}: {self.line}"
+
+
+# --- Operators where they are: signed e-mail links, escalation ---------------------
+
+
+class EmailLinkUse(models.Model):
+    """A signed e-mail link that decided (approvals/links.py).
+
+    Written in the transaction of the decision it made; the unique ``nonce`` is what
+    makes a link single use: a second use, even one racing the first, meets this row
+    (its INSERT waits for the first transaction and then fails) and is refused.
+    """
+
+    nonce = models.CharField(max_length=64, unique=True)
+    effect = models.ForeignKey(Effect, on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    action = models.CharField(max_length=20)
+    used_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.user} {self.action} {self.effect_id} by e-mail link"
+
+
+class Escalation(models.Model):
+    """An effect still awaiting approval when its SLA passed (approvals/escalation.py).
+
+    One row per effect at most (the primary key is the effect): escalating twice,
+    from two workers at once, is one INSERT that wins and one that finds the row.
+    """
+
+    effect = models.OneToOneField(
+        Effect, on_delete=models.CASCADE, primary_key=True, related_name="escalation"
+    )
+    at = models.DateTimeField()
+    # The point of the deadline window it was due at, and the version then awaiting.
+    due_at = models.DateTimeField()
+    args_hash = models.CharField(max_length=64)
+
+    def __str__(self) -> str:
+        return f"{self.effect_id} escalated at {self.at:%Y-%m-%d %H:%M:%S}"

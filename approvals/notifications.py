@@ -2,8 +2,12 @@
 
 News is written as ``Notification`` rows (an outbox) in the transaction of the
 event, or collected from the audit log by the periodic task; the same task sends
-every pending row as ONE message per channel, so a burst of 500 effects awaiting
-approval is one e-mail and one webhook POST, not 500.
+every pending row as ONE message per recipient and channel, so a burst of 500
+effects awaiting approval is one e-mail to each operator and one webhook POST, not
+500. Each e-mail names every effect it lists (preview, tool, run, deadline) with a
+signed link per action its recipient may take (approvals/links.py): one message per
+recipient, because each link is bound to its recipient. Escalations
+(approvals/escalation.py) go to the escalation group instead of the operators.
 """
 
 from __future__ import annotations
@@ -16,10 +20,13 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.mail import EmailMessage
+from django.core.mail import EmailMessage, get_connection
 from django.db.models import Exists, OuterRef, Q
+from django.urls import reverse
 from django.utils import timezone
 
+from approvals.decisions import can_decide
+from approvals.links import LABELS, actions_for, link_path, make_token
 from approvals.models import Notification, NotificationKind
 from runs.models import (
     ACTIVE_OUTBOX_STATUSES,
@@ -173,6 +180,30 @@ def operator_emails() -> list[str]:
     return sorted(set(users.values_list("email", flat=True)))
 
 
+def escalation_emails() -> list[str]:
+    """``ESCALATE_EMAILS``: the second group an escalation goes to."""
+    return [e for e in _conf("ESCALATE_EMAILS") if e]
+
+
+def deciders_by_email(addresses: list[str]) -> dict[str, object]:
+    """The console user each address belongs to, when exactly one active user has it
+    and may decide: only they get signed action links (a link decides for one user;
+    an address two accounts share could not say whose decision it is)."""
+    users: dict[str, list] = {}
+    if not addresses:
+        return {}
+    same_address = Q()
+    for address in addresses:
+        same_address |= Q(email__iexact=address)
+    for user in get_user_model().objects.filter(same_address, is_active=True):
+        users.setdefault(user.email.lower(), []).append(user)
+    return {
+        address: found[0]
+        for address in addresses
+        if len(found := users.get(address.lower(), [])) == 1 and can_decide(found[0])
+    }
+
+
 def claim_pending(now: datetime) -> list[Notification]:
     """Compare-and-set claim of the due rows, with a lease; a crashed sender's rows
     come back when the lease passes."""
@@ -192,7 +223,12 @@ def claim_pending(now: datetime) -> list[Notification]:
         claim=token,
         due_at=now + timedelta(seconds=_conf("NOTIFY_LEASE")),
     )
-    return list(Notification.objects.filter(claim=token, status=OutboxStatus.SENDING))
+    # The effect and its run: each e-mail names them (compose, _effect_lines).
+    return list(
+        Notification.objects.filter(claim=token, status=OutboxStatus.SENDING).select_related(
+            "effect", "effect__run", "run"
+        )
+    )
 
 
 def _still_news(rows: list[Notification]) -> tuple[list[Notification], list[Notification]]:
@@ -212,12 +248,42 @@ def _still_news(rows: list[Notification]) -> tuple[list[Notification], list[Noti
     return keep, drop
 
 
-def compose(rows: list[Notification]) -> tuple[str, str, dict]:
-    """One subject, one body, one JSON payload for all the rows."""
+def _url(path: str) -> str:
+    """An address in the console: absolute with ``PUBLIC_URL``, else the path alone."""
+    return (_conf("PUBLIC_URL") or "").rstrip("/") + path
+
+
+def _effect_lines(effect: Effect, user, now: datetime) -> list[str]:
+    """What an e-mail says of one effect: what it is, and a link per action its
+    recipient may take (none for an address that is not a console operator)."""
+    lines = [f"  Preview: {effect.preview}"] if effect.preview else []
+    lines += [
+        f"  Tool: {effect.tool} · run {effect.run.run_key} · deadline "
+        f"{_when(effect.approval_expires_at)}",
+        f"  Open: {_url(reverse('console:effect', args=[effect.pk]))}",
+    ]
+    if user is not None:
+        for action in actions_for(effect, user, now):
+            token = make_token(effect, user, action, now)
+            lines.append(f"  {LABELS[action]}: {_url(link_path(token))}")
+    return lines
+
+
+def compose(
+    rows: list[Notification], user=None, now: datetime | None = None
+) -> tuple[str, str, dict]:
+    """One subject, one body, one JSON payload for all the rows.
+
+    ``user`` is the e-mail's recipient when the address is a console operator's: the
+    body then carries their signed action links (``None``: the console's links only).
+    """
+    now = now or timezone.now()
     counts = {kind: 0 for kind in NotificationKind.values}
     for row in rows:
         counts[row.kind] += 1
     parts = []
+    if counts[NotificationKind.ESCALATED]:
+        parts.append(f"{counts[NotificationKind.ESCALATED]} escalated")
     if counts[NotificationKind.AWAITING_APPROVAL]:
         parts.append(f"{counts[NotificationKind.AWAITING_APPROVAL]} awaiting approval")
     if counts[NotificationKind.DEADLINE_NEAR]:
@@ -225,13 +291,31 @@ def compose(rows: list[Notification]) -> tuple[str, str, dict]:
     if counts[NotificationKind.NEEDS_PERSON]:
         parts.append(f"{counts[NotificationKind.NEEDS_PERSON]} run(s) need a person")
     summary = "startsafe: " + ", ".join(parts)
-    lines = [f"- {row.line}" for row in rows[:LISTED]]
+    lines: list[str] = []
+    detailed: set = set()  # an effect named twice in a batch gets its links once
+    for row in rows[:LISTED]:
+        lines.append(f"- {row.line}")
+        if row.effect_id is not None and row.effect_id not in detailed:
+            detailed.add(row.effect_id)
+            lines += _effect_lines(row.effect, user, now)
+        elif row.run_id is not None and row.effect_id is None:
+            lines.append(f"  Open: {_url(reverse('console:run', args=[row.run_id]))}")
     if len(rows) > LISTED:
         lines.append(f"... and {len(rows) - LISTED} more; see the queue.")
     body = summary + "\n\n" + "\n".join(lines) + "\n"
-    base = _conf("PUBLIC_URL")
-    if base:
-        body += f"\nThe queue: {base.rstrip('/')}/\n"
+    if user is None and detailed:
+        body += (
+            "\nThis address is not a console operator's, so this e-mail carries no "
+            "action links: sign in to the console to decide.\n"
+        )
+    elif detailed:
+        ttl = _conf("EMAIL_LINK_TTL")
+        body += (
+            f"\nEach action link is yours alone, works once, and expires in {ttl // 3600} h "
+            "or at the effect's deadline, whichever comes first. It opens a page to "
+            "confirm: nothing is decided by following it.\n"
+        )
+    body += f"\nThe queue: {_url('/')}\n"
     payload = {
         "text": summary,
         "counts": counts,
@@ -247,6 +331,26 @@ def compose(rows: list[Notification]) -> tuple[str, str, dict]:
         "more": max(len(rows) - LISTED, 0),
     }
     return summary, body, payload
+
+
+def _emails(rows: list[Notification], now: datetime) -> list[EmailMessage]:
+    """One message per recipient: the operators get the news, the escalation group
+    the escalations (an address in both gets one message with both)."""
+    news = [r for r in rows if r.kind != NotificationKind.ESCALATED]
+    escalated = [r for r in rows if r.kind == NotificationKind.ESCALATED]
+    per_address: dict[str, list[Notification]] = {}
+    for addresses, share in ((operator_emails(), news), (escalation_emails(), escalated)):
+        if not share:
+            continue
+        for address in addresses:
+            per_address.setdefault(address, []).extend(share)
+    users = deciders_by_email(list(per_address))
+    messages = []
+    for address, own in per_address.items():
+        own.sort(key=lambda row: row.pk)
+        subject, body, _ = compose(own, users.get(address), now)
+        messages.append(EmailMessage(subject, body, to=[address]))
+    return messages
 
 
 def send_pending_notifications(now: datetime | None = None) -> SendReport:
@@ -275,13 +379,13 @@ def send_pending_notifications(now: datetime | None = None) -> SendReport:
     errors: dict[int, str] = {}
     to_mail = [r for r in rows if r.email_done_at is None]
     if to_mail:
-        recipients = operator_emails()
+        emails = _emails(to_mail, now)
         error = ""
-        if recipients:
-            subject, body, _ = compose(to_mail)
+        if emails:
+            # One connection for all; a failure retries the batch for everyone (a
+            # recipient whose message went may get it again: better than never).
             try:
-                EmailMessage(subject, body, to=recipients).send()
-                report.emails += 1
+                report.emails += get_connection().send_messages(emails) or 0
             except Exception as exc:
                 error = f"e-mail: {type(exc).__name__}: {exc}"[:500]
                 report.email_failures += 1
@@ -298,7 +402,7 @@ def send_pending_notifications(now: datetime | None = None) -> SendReport:
     url = _conf("NOTIFY_WEBHOOK_URL")
     to_post = [r for r in rows if r.webhook_done_at is None]
     if to_post and url:
-        _, _, payload = compose(to_post)
+        _, _, payload = compose(to_post, now=now)
         # The status and a fixed reason (startsafe/outbound.py), never the peer's body.
         outcome = outbound.post_json(
             url, payload, timeout=_conf("NOTIFY_WEBHOOK_TIMEOUT"), purpose="notify_webhook"
@@ -335,16 +439,20 @@ def send_pending_notifications(now: datetime | None = None) -> SendReport:
 
 
 def notify(now: datetime | None = None) -> SendReport:
-    """The periodic task's body: collect the news, then send it."""
+    """The periodic task's body: collect the news and the escalations, then send them."""
+    from approvals.escalation import escalate_due  # it writes this module's rows
+
     now = now or timezone.now()
     started = time.monotonic()
     collected = collect_notifications(now)
+    escalated = escalate_due(now)
     report = send_pending_notifications(now)
     duration = time.monotonic() - started
     logger.info(
         kv(
             "notify",
             collected=collected,
+            escalated=escalated,
             claimed=report.claimed,
             sent=report.sent,
             skipped=report.skipped,
@@ -366,5 +474,6 @@ def notify(now: datetime | None = None) -> SendReport:
         webhooks=report.webhooks,
         email_failures=report.email_failures,
         webhook_failures=report.webhook_failures,
+        escalated=escalated,
     )
     return report

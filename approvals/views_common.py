@@ -37,7 +37,8 @@ QUEUE_MORE_LIMIT = 200
 
 def _effect_for_user(request: HttpRequest, effect_id: Any) -> Effect:
     """The effect with what its pages show, or 404 for an id the user may not see."""
-    queryset = Effect.objects.select_related("run", "agent", "claimed_run")
+    # Its escalation (a reverse one-to-one) joined too: the page says when it escalated.
+    queryset = Effect.objects.select_related("run", "agent", "claimed_run", "escalation")
     return get_object_or_404(queryset, pk=effect_id)
 
 

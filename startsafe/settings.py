@@ -396,6 +396,16 @@ STARTSAFE = {
     "NOTIFY_WEBHOOK_TIMEOUT": env_float("STARTSAFE_NOTIFY_WEBHOOK_TIMEOUT", 10.0, minimum=0.5),
     # The console's address, for links in notifications (https://startsafe.example.com).
     "PUBLIC_URL": env_str("STARTSAFE_PUBLIC_URL", ""),
+    # Seconds a signed action link in an e-mail (approve, reject, mark done) stays
+    # valid; never past the effect's own deadline (approvals/links.py).
+    "EMAIL_LINK_TTL": env_int("STARTSAFE_EMAIL_LINK_TTL", 86_400, minimum=60),
+    # Who hears of an effect still awaiting approval when its SLA passed: addresses of
+    # a second group (their console accounts get signed links; others the page's).
+    # Empty: no escalation.
+    "ESCALATE_EMAILS": env_list("STARTSAFE_ESCALATE_EMAILS", []),
+    # When: this share of the effect's deadline window (from when it started awaiting
+    # to its deadline) has passed; 0.5 is half way, 1 would be the deadline itself.
+    "ESCALATION_SLA": env_float("STARTSAFE_ESCALATION_SLA", 0.5, minimum=0.01),
     # Requests per token and window on the agent API ("600/minute"; 0 or empty: off).
     "RATE_LIMIT": env_rate("STARTSAFE_RATE_LIMIT", "600/minute"),
     # Sign-in throttling: failed sign-ins are counted per username and, apart, per
@@ -418,6 +428,12 @@ STARTSAFE = {
     # Host names and CIDR networks reached though not public (see above).
     "OUTBOUND_ALLOW": _OUTBOUND_ALLOW,
 }
+
+if STARTSAFE["ESCALATION_SLA"] >= 1:
+    raise ImproperlyConfigured(
+        f"STARTSAFE_ESCALATION_SLA={STARTSAFE['ESCALATION_SLA']} is a share of the deadline "
+        "window: below 1 (at 1 the effect expires as it escalates)."
+    )
 
 # --- Sign-in throttling (django-axes; startsafe/login_throttle.py) ---------------
 
