@@ -285,7 +285,7 @@ def collect_slack_messages(now: datetime) -> int:
        The unique (effect, purpose) makes a second collect, or a second worker, a
        no-op, and an effect that awaits approval again gets its message updated.
     3. A change the message shows, on an effect whose revision passed the one its
-       sent message shows: that row is due again.
+       sent (or skipped as no longer news) message shows: that row is due again.
     """
     since = now - timedelta(seconds=_conf("NOTIFY_LOOKBACK"))
     recent = AuditEvent.objects.filter(at__gte=since, effect__isnull=False).order_by()
@@ -315,7 +315,7 @@ def collect_slack_messages(now: datetime) -> int:
         SlackMessage.objects.bulk_create(rows, ignore_conflicts=True)
     changed = SlackMessage.objects.filter(
         effect_id__in=recent.filter(CHANGES_A_MESSAGE).values("effect_id"),
-        status=OutboxStatus.SENT,
+        status__in=(OutboxStatus.SENT, OutboxStatus.OBSOLETE),
         effect__revision__gt=F("shown_revision"),
     ).update(status=OutboxStatus.PENDING, due_at=now)
     return len(rows) + changed
@@ -330,6 +330,8 @@ class SlackReport:
     posted: int = 0
     updated: int = 0
     failures: int = 0
+    # Effects decided before their message went out: not posted.
+    skipped: int = 0
     # Rows put back until a 429's Retry-After passes.
     deferred: int = 0
 
@@ -371,7 +373,9 @@ def send_slack_messages(now: datetime) -> SlackReport:
     """Post each claimed new row once; update each posted one in place.
 
     1. Claim the due rows.
-    2. A row without ``ts`` is posted (chat.postMessage); the answer's channel and
+    2. A row without ``ts`` whose effect no longer awaits approval is not news:
+       ``obsolete``, not posted. Any other row without ``ts`` is posted
+       (chat.postMessage); the answer's channel and
        ts are saved at once, whoever holds the claim, so it is never posted again.
        A row with ``ts`` is updated (chat.update).
     3. A 429 puts this row and the rest of the batch back until its Retry-After
@@ -386,6 +390,14 @@ def send_slack_messages(now: datetime) -> SlackReport:
     client = web_client()
     for index, row in enumerate(rows):
         effect = row.effect
+        if not row.ts and effect.status != EffectStatus.AWAITING_APPROVAL:
+            # Decided before its message went out: no longer news (as e-mail's
+            # _still_news). Should it await approval again, it is posted then.
+            SlackMessage.objects.filter(pk=row.pk, claim=row.claim).update(
+                status=OutboxStatus.OBSOLETE, shown_revision=effect.revision
+            )
+            report.skipped += 1
+            continue
         text, blocks = render_message(effect, row.purpose)
         try:
             if row.ts:
@@ -454,6 +466,7 @@ def sync_slack(now: datetime | None = None) -> SlackReport:
         "collected": collected,
         "posted": report.posted,
         "updated": report.updated,
+        "skipped": report.skipped,
         "failures": report.failures,
         "deferred": report.deferred,
     }

@@ -13,12 +13,13 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from approvals.decisions import approve_effect
+from approvals.decisions import approve_effect, reject_effect
 from approvals.models import SlackMessage
 from approvals.slack import enqueue_sync, sync_slack
 from runs.audit import SYSTEM, record_event
 from runs.models import Effect, TaskState
 from startsafe.settings import _slack_settings
+from tests.lifecycle_helpers import send
 from tests.slack_fake import CHANNEL, ESCALATION_CHANNEL, FakeSlack
 from tests.slack_fake import awaiting_effect as _awaiting
 
@@ -117,6 +118,29 @@ def test_an_effect_that_awaits_approval_again_gets_its_message_updated_not_a_sec
     (update,) = slack.made("chat.update")
     assert _buttons(update["blocks"])["approve"]["value"] == f"{effect.pk}:{edited.args_hash}"
     assert "Approved by oscar" in _text(update["blocks"])
+
+
+def test_an_effect_decided_before_its_message_went_out_is_not_posted_unless_asked_again(
+    agent, operator, slack: FakeSlack
+):
+    effect = _awaiting(agent, 1)
+    approve_effect(operator, effect.pk, args_hash=effect.args_hash)
+
+    report = sync_slack()
+
+    assert report.posted == 0 and report.skipped == 1 and slack.calls == []
+    assert SlackMessage.objects.get().status == "obsolete"
+    # Rejected after its approval, then asked again with new arguments: news again.
+    reject_effect(operator, effect.pk, args_hash=effect.args_hash, note="Wrong amount.")
+    again = send(
+        agent, effect.run, tool="refund", args={"order": 1, "amount": 60}, key="refund:1",
+        key_source="intent", needs_approval=True, now=timezone.now(),
+    ).effect  # fmt: skip
+    assert again.pk == effect.pk and again.status == "awaiting_approval"
+
+    assert sync_slack().posted == 1
+    (post,) = slack.made("chat.postMessage")
+    assert _buttons(post["blocks"])["approve"]["value"] == f"{effect.pk}:{again.args_hash}"
 
 
 def test_long_arguments_are_cut_and_an_agents_mentions_are_shown_not_sent(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.test import Client
 from django.urls import reverse
 
 from approvals.decisions import approve_effect
@@ -68,9 +69,11 @@ def _refused_click(client, agent, slack: FakeSlack) -> str:
 
 
 def test_a_signed_click_approves_the_version_the_message_showed(
-    client, agent, operator, olivia_in_slack, slack: FakeSlack
+    agent, operator, olivia_in_slack, slack: FakeSlack
 ):
     effect = _awaiting(agent)
+    # Slack sends no CSRF token: its signature is the request's only credential.
+    client = Client(enforce_csrf_checks=True)
 
     response = post_interaction(client, click(_shown(effect)))
 
