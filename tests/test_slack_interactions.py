@@ -286,3 +286,19 @@ def test_the_message_follows_decisions_made_in_slack_and_in_the_console(
     assert "Not this one." in updates[rows[in_console.pk]]
     assert '"approve"' not in updates[rows[in_slack.pk]]
     assert len(slack.made("chat.postMessage")) == 2
+
+
+def test_an_admin_maps_a_slack_member_in_the_django_admin_and_an_operator_may_not(
+    client, admin_user, operator
+):
+    client.force_login(operator)
+    assert client.get("/admin/approvals/slackusermapping/add/").status_code == 403
+
+    client.force_login(admin_user)
+    response = client.post(
+        "/admin/approvals/slackusermapping/add/",
+        {"slack_user_id": "U0OLIVIA", "user": operator.pk},
+    )
+
+    assert response.status_code == 302
+    assert SlackUserMapping.objects.get().user == operator
