@@ -115,9 +115,12 @@ def test_a_request_signed_more_than_five_minutes_ago_is_refused(
     assert effect.status == "approved"
 
 
-def test_a_request_without_signature_headers_is_refused(client, agent, slack: FakeSlack):
+def test_a_request_without_signature_headers_is_refused_even_from_a_signed_in_operator(
+    client, agent, operator, slack: FakeSlack
+):
     effect = _awaiting(agent)
     body = "payload=" + json.dumps(click(_shown(effect)))
+    client.force_login(operator)  # a console session is no credential here
 
     response = client.post(
         "/integrations/slack/interactions",
