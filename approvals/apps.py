@@ -24,7 +24,7 @@ class ApprovalsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from approvals import signals
+        from approvals import signals, slack
         from runs.models import AuditEvent
         from runs.signals import runs_need_person
 
@@ -32,6 +32,11 @@ class ApprovalsConfig(AppConfig):
         # of them pass through (runs/audit.py), so one receiver logs them all.
         post_save.connect(
             signals.log_audit_event, sender=AuditEvent, dispatch_uid="startsafe_log_audit_event"
+        )
+        # Slack messages follow every change they show, whoever made it (console,
+        # Slack, e-mail link, expiry): the audit row is where all of them pass.
+        post_save.connect(
+            slack.sync_after_commit, sender=AuditEvent, dispatch_uid="startsafe_slack_sync"
         )
         runs_need_person.connect(
             signals.tell_operators_runs_need_person,

@@ -19,6 +19,7 @@ from django.db import connection, transaction
 from django.db.models import DurationField, Exists, ExpressionWrapper, F, OuterRef, Value
 
 from approvals.models import Escalation, Notification, NotificationKind
+from approvals.slack import slack_enabled
 from runs.audit import SYSTEM, record_event
 from runs.lifecycle import is_past_deadline
 from runs.models import Effect, EffectStatus
@@ -34,10 +35,10 @@ def _share() -> float:
 
 
 def escalation_on() -> bool:
-    """Whether anyone hears of escalations: the escalation e-mail addresses, or a
-    second chat channel an integration names (``SLACK_ESCALATION_CHANNEL``)."""
+    """Whether anyone hears of escalations: the escalation e-mail addresses, or
+    Slack's escalation channel with Slack on (approvals/slack.py posts there)."""
     conf = settings.STARTSAFE
-    return bool(conf.get("ESCALATE_EMAILS") or conf.get("SLACK_ESCALATION_CHANNEL"))
+    return bool(conf["ESCALATE_EMAILS"] or (slack_enabled() and conf["SLACK_ESCALATION_CHANNEL"]))
 
 
 def escalation_due_at(effect: Effect) -> datetime | None:

@@ -128,3 +128,78 @@ class Escalation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.effect_id} escalated at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+# --- Slack (docs/slack.md) --------------------------------------------------------
+#
+# An outbox too: a row per effect and purpose, posted once by the periodic ``slack``
+# task (approvals/slack.py), then updated in place whenever the effect changes.
+
+
+class SlackPurpose(models.TextChoices):
+    # The effect awaits approval: STARTSAFE_SLACK_CHANNEL.
+    APPROVAL = "approval"
+    # Its SLA passed undecided: STARTSAFE_SLACK_ESCALATION_CHANNEL.
+    ESCALATION = "escalation"
+
+
+class SlackMessage(models.Model):
+    """One effect's message in one channel: posted once, then only ever updated."""
+
+    effect = models.ForeignKey(Effect, on_delete=models.CASCADE, related_name="+")
+    purpose = models.CharField(max_length=10, choices=SlackPurpose.choices)
+    # The configured channel until posted; then the channel id Slack answered with,
+    # which chat.update needs (it takes no channel name).
+    channel = models.CharField(max_length=80)
+    # Slack's id of the message; empty until it is posted.
+    ts = models.CharField(max_length=40, blank=True, default="")
+    # The effect's revision the message shows: behind the effect's, it needs an update.
+    shown_revision = models.PositiveIntegerField(default=0)
+    status = models.CharField(
+        max_length=10, choices=OutboxStatus.choices, default=OutboxStatus.PENDING
+    )
+    due_at = models.DateTimeField()
+    tries = models.PositiveIntegerField(default=0)
+    claim = models.CharField(max_length=36, blank=True, default="")
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField()
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            # Never posted twice: a second collect, a second worker, a re-awaiting
+            # effect all find this row and update its message instead.
+            models.UniqueConstraint(
+                fields=["effect", "purpose"], name="one_slack_message_per_effect_and_purpose"
+            ),
+        ]
+        indexes = [
+            # The sender's claim: due rows, oldest first.
+            models.Index(
+                fields=["due_at"],
+                name="slack_message_due_idx",
+                condition=models.Q(status__in=["pending", "sending"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.purpose} message of {self.effect_id} ({self.status})"
+
+
+class SlackUserMapping(models.Model):
+    """An admin's word that a Slack member is this console user; it wins over e-mail."""
+
+    slack_user_id = models.CharField(
+        max_length=32,
+        unique=True,
+        help_text="The Slack member ID (U…): in Slack, the person's profile, ⋮, Copy member ID.",
+    )
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+
+    class Meta:
+        ordering = ["slack_user_id"]
+        verbose_name = "Slack user mapping"
+
+    def __str__(self) -> str:
+        return f"{self.slack_user_id} → {self.user}"

@@ -32,6 +32,11 @@ ADMIN_PERMISSIONS = OPERATOR_PERMISSIONS + [
     ("runs", "change_tool"),
     ("runs", "add_toolpolicy"),
     ("runs", "change_toolpolicy"),
+    # Admins say which Slack member is which console user (approvals/slack.py).
+    ("approvals", "view_slackusermapping"),
+    ("approvals", "add_slackusermapping"),
+    ("approvals", "change_slackusermapping"),
+    ("approvals", "delete_slackusermapping"),
 ]
 
 ROLES = {"operators": OPERATOR_PERMISSIONS, "admins": ADMIN_PERMISSIONS}

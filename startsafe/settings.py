@@ -360,6 +360,33 @@ _NOTIFY_WEBHOOK_URL = env_str("STARTSAFE_NOTIFY_WEBHOOK_URL", "")
 if _NOTIFY_WEBHOOK_URL and (refusal := text_refusal(_NOTIFY_WEBHOOK_URL, _outbound_allowed)):
     raise ImproperlyConfigured(f"STARTSAFE_NOTIFY_WEBHOOK_URL {refusal}.")
 
+
+def _slack_settings() -> dict:
+    """Slack (docs/slack.md): on when both the bot token and the signing secret are set.
+
+    Half a configuration is refused at the start: a token without the secret would
+    post buttons whose clicks are all refused, a secret without the token nothing."""
+    token = env_str("STARTSAFE_SLACK_BOT_TOKEN", "")
+    secret = env_str("STARTSAFE_SLACK_SIGNING_SECRET", "")
+    channel = env_str("STARTSAFE_SLACK_CHANNEL", "")
+    if bool(token) != bool(secret):
+        raise ImproperlyConfigured(
+            "Slack needs both STARTSAFE_SLACK_BOT_TOKEN and STARTSAFE_SLACK_SIGNING_SECRET."
+        )
+    if token and not channel:
+        raise ImproperlyConfigured("STARTSAFE_SLACK_CHANNEL is required when Slack is on.")
+    return {
+        "SLACK_BOT_TOKEN": token,
+        "SLACK_SIGNING_SECRET": secret,
+        # Where each effect awaiting approval is posted: a channel id or #name.
+        "SLACK_CHANNEL": channel,
+        # Where escalations go; empty: they go only by e-mail.
+        "SLACK_ESCALATION_CHANNEL": env_str("STARTSAFE_SLACK_ESCALATION_CHANNEL", ""),
+        # The Web API's address (slack_sdk's base_url); tests point it at a fake.
+        "SLACK_API_URL": env_str("STARTSAFE_SLACK_API_URL", "https://slack.com/api/"),
+    }
+
+
 STARTSAFE = {
     # Default approval deadline when a call does not send approval_ttl (seconds).
     "APPROVAL_TTL": env_int("STARTSAFE_APPROVAL_TTL", 86_400, minimum=60, maximum=2_592_000),
@@ -427,6 +454,7 @@ STARTSAFE = {
     "METRICS_TOKEN": _metrics_token(),
     # Host names and CIDR networks reached though not public (see above).
     "OUTBOUND_ALLOW": _OUTBOUND_ALLOW,
+    **_slack_settings(),
 }
 
 if STARTSAFE["ESCALATION_SLA"] >= 1:
@@ -496,6 +524,14 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 3_600.0},
     },
 }
+if STARTSAFE["SLACK_BOT_TOKEN"]:
+    # Posts what the prompt task queued on each change missed (a broker that was
+    # down), and retries what Slack refused or rate-limited.
+    CELERY_BEAT_SCHEDULE["slack"] = {
+        "task": "approvals.tasks.slack",
+        "schedule": STARTSAFE["NOTIFY_INTERVAL"],
+        "options": {"expires": max(STARTSAFE["NOTIFY_INTERVAL"], 5.0)},
+    }
 if STARTSAFE["PRUNE_OLDER_THAN_DAYS"] is not None:
     CELERY_BEAT_SCHEDULE["prune"] = {
         "task": "runs.tasks.prune",

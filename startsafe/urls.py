@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
+from approvals.views_slack import interactions as slack_interactions
 from runs.api.views import api
 from startsafe import health
 
@@ -16,5 +17,7 @@ urlpatterns = [
     path("api/v1/", api.urls),
     path("healthz", health.healthz, name="healthz"),
     path("metrics", health.metrics, name="metrics"),
+    # Slack's interactivity request URL (docs/slack.md), outside the console's addresses.
+    path("integrations/slack/interactions", slack_interactions, name="slack-interactions"),
     path("", include("approvals.urls")),
 ]

@@ -15,6 +15,7 @@ from db_helpers import connect_outside_django
 from django.contrib.auth.models import Group, User
 
 from runs.models import Agent
+from tests.slack_fake import slack  # noqa: F401 (Slack on, its Web API a loopback fake)
 
 
 @pytest.fixture(autouse=True)

@@ -17,6 +17,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from lifecycle_helpers import send, start
 
+from approvals.links import make_token
 from runs.api.views import api
 from runs.lifecycle import finish_run
 from runs.models import Tool
@@ -52,6 +53,14 @@ CONSOLE = {
     ("GET", "tools/<uuid:tool_id>/"): READ,
     ("POST", "tools/<uuid:tool_id>/confirm"): ADMINISTER,
     ("POST", "tools/<uuid:tool_id>/policy"): ADMINISTER,
+    # A signed e-mail link (approvals/links.py) is sent to one operator: here the
+    # operator's. Anyone else signed in is refused (403), whatever their role.
+    ("GET", "links/<str:token>/"): {**READ, "viewer": 403, "admin": 403},
+    ("POST", "links/<str:token>/"): {**DECIDE, "admin": 403},
+    # Slack's interactions: a console session is no credential there, only Slack's
+    # signature is. Off here (no Slack app configured): not found for everyone; with
+    # Slack on, 401 unsigned (tests/test_slack_interactions.py).
+    ("POST", "integrations/slack/interactions"): dict.fromkeys(CONSOLE_ROLES, 404),
 }
 # Besides the console: the Django admin (both roles enter it with their own
 # permissions: an operator reads the journal there, only an admin manages agents
@@ -139,6 +148,7 @@ def _request(path: str, method: str, world) -> tuple[str, dict]:
         "<uuid:run_id>", str(run.pk)
     )
     url = url.replace("<uuid:tool_id>", str(world["tool"].pk))
+    url = url.replace("<str:token>", make_token(awaiting, world["operator"], "approve"))
     if method == "GET":
         return url, {}
     if path.endswith("policy"):
@@ -173,7 +183,7 @@ def test_console_access(method, path, role, agent, outsider, viewer, operator, a
     user = _user(role, cast)
     if user is not None:
         client.force_login(user)
-    url, form = _request(path, method, _world(agent))
+    url, form = _request(path, method, {**_world(agent), "operator": operator})
 
     response = client.get(url) if method == "GET" else client.post(url, form)
 
@@ -287,5 +297,5 @@ def test_api_access(method, path, role, agent, other_agent, operator):
 
 def test_matrix_size():
     # The figures of the report: addresses × roles walked above.
-    assert len(CELLS) == (len(CONSOLE) + len(OTHERS)) * len(CONSOLE_ROLES) == 115
+    assert len(CELLS) == (len(CONSOLE) + len(OTHERS)) * len(CONSOLE_ROLES) == 120
     assert len(API_CELLS) == len(API) * len(API_ROLES) == 52

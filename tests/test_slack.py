@@ -1,0 +1,276 @@
+"""Slack messages: each effect awaiting approval posted once, then updated in place.
+
+Against a loopback fake of Slack's Web API (tests/slack_fake.py), slack_sdk's own
+client pointed at it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from approvals.decisions import approve_effect, reject_effect
+from approvals.models import SlackMessage
+from approvals.slack import enqueue_sync, sync_slack
+from runs.audit import SYSTEM, record_event
+from runs.models import Effect, TaskState
+from startsafe.settings import _slack_settings
+from tests.lifecycle_helpers import send
+from tests.slack_fake import CHANNEL, ESCALATION_CHANNEL, FakeSlack
+from tests.slack_fake import awaiting_effect as _awaiting
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _no_broker(monkeypatch):
+    monkeypatch.setattr("runs.handoff.enqueue_handoff", lambda *a, **kw: None)
+
+
+def _buttons(blocks: list[dict]) -> dict[str, dict]:
+    return {
+        element["action_id"]: element
+        for block in blocks
+        if block["type"] == "actions"
+        for element in block["elements"]
+    }
+
+
+def _text(blocks: list[dict]) -> str:
+    return json.dumps(blocks, ensure_ascii=False)
+
+
+def test_each_awaiting_effect_is_posted_once_with_its_buttons_bound_to_its_hash(
+    agent, operator, slack: FakeSlack
+):
+    first, second = _awaiting(agent, 1), _awaiting(agent, 2)
+
+    report = sync_slack()
+    again = sync_slack()  # the task runs twice: nothing new to post
+
+    assert report.posted == 2 and again.posted == 0 and again.updated == 0
+    posts = slack.made("chat.postMessage")
+    assert len(posts) == 2 and {p["channel"] for p in posts} == {CHANNEL}
+    by_effect = {str(e.pk): e for e in (first, second)}
+    for post in posts:
+        buttons = _buttons(post["blocks"])
+        effect_id, _, args_hash = buttons["approve"]["value"].partition(":")
+        effect = by_effect[effect_id]
+        # Each button carries the effect and the hash of the arguments shown.
+        assert (
+            args_hash == effect.args_hash
+            and buttons["reject"]["value"] == f"{effect_id}:{args_hash}"
+        )
+        shown = _text(post["blocks"])
+        assert effect.preview in shown and effect.run.run_key in shown
+        assert '\\"amount\\": 120' in shown and "refund" in shown
+        assert buttons["open_console"]["url"].endswith(f"/effects/{effect_id}/")
+    # Each row keeps where its message is, to update it later.
+    rows = SlackMessage.objects.order_by("id")
+    assert [(r.channel, r.status) for r in rows] == [("C0APPROVALS", "sent")] * 2
+    assert len({r.ts for r in rows}) == 2
+    assert TaskState.objects.get(name="slack").last_started_at is not None
+
+
+def test_a_change_updates_the_message_in_place_never_posting_it_again(
+    agent, operator, slack: FakeSlack
+):
+    effect = _awaiting(agent, 1)
+    sync_slack()
+    (row,) = SlackMessage.objects.all()
+
+    approve_effect(operator, effect.pk, args_hash=effect.args_hash)
+    report = sync_slack()
+    sync_slack()
+
+    assert report.updated == 1 and report.posted == 0
+    assert len(slack.made("chat.postMessage")) == 1
+    (update,) = slack.made("chat.update")
+    assert (update["channel"], update["ts"]) == ("C0APPROVALS", row.ts)
+    # Who decided what, and no buttons left to click.
+    assert "Approved by olivia" in _text(update["blocks"])
+    assert set(_buttons(update["blocks"])) == {"open_console"}
+    row.refresh_from_db()
+    effect.refresh_from_db()
+    assert row.shown_revision == effect.revision and row.status == "sent"
+
+
+def test_an_effect_that_awaits_approval_again_gets_its_message_updated_not_a_second_one(
+    agent, operator, second_operator, slack: FakeSlack
+):
+    effect = _awaiting(agent, 1, approvals_required=2)
+    sync_slack()
+
+    # An operator edits the arguments: a new version, new buttons on the same message.
+    edited = approve_effect(
+        second_operator,
+        effect.pk,
+        args_hash=effect.args_hash,
+        edited_args={"order": 1, "amount": 80},
+    )
+    sync_slack()
+
+    assert len(slack.made("chat.postMessage")) == 1
+    (update,) = slack.made("chat.update")
+    assert _buttons(update["blocks"])["approve"]["value"] == f"{effect.pk}:{edited.args_hash}"
+    assert "Approved by oscar" in _text(update["blocks"])
+
+
+def test_an_effect_decided_before_its_message_went_out_is_not_posted_unless_asked_again(
+    agent, operator, slack: FakeSlack
+):
+    effect = _awaiting(agent, 1)
+    approve_effect(operator, effect.pk, args_hash=effect.args_hash)
+
+    report = sync_slack()
+
+    assert report.posted == 0 and report.skipped == 1 and slack.calls == []
+    assert SlackMessage.objects.get().status == "obsolete"
+    # Rejected after its approval, then asked again with new arguments: news again.
+    reject_effect(operator, effect.pk, args_hash=effect.args_hash, note="Wrong amount.")
+    again = send(
+        agent, effect.run, tool="refund", args={"order": 1, "amount": 60}, key="refund:1",
+        key_source="intent", needs_approval=True, now=timezone.now(),
+    ).effect  # fmt: skip
+    assert again.pk == effect.pk and again.status == "awaiting_approval"
+
+    assert sync_slack().posted == 1
+    (post,) = slack.made("chat.postMessage")
+    assert _buttons(post["blocks"])["approve"]["value"] == f"{effect.pk}:{again.args_hash}"
+
+
+def test_long_arguments_are_cut_and_an_agents_mentions_are_shown_not_sent(
+    agent, operator, slack: FakeSlack
+):
+    _awaiting(agent, 1, args={"body": "x" * 5000}, preview="Mail <!channel> & <@U0BOSS>")
+
+    sync_slack()
+
+    (post,) = slack.made("chat.postMessage")
+    shown = _text(post["blocks"])
+    # Slack refuses a section over 3,000 characters; the console shows them whole.
+    assert all(len(b.get("text", {}).get("text", "")) <= 3000 for b in post["blocks"])
+    assert "more characters: see the console" in shown
+    assert "&lt;!channel&gt; &amp; &lt;@U0BOSS&gt;" in shown and "<!channel>" not in shown
+    assert "<!channel>" not in post["text"]
+
+
+def test_a_rate_limited_post_waits_its_retry_after_and_loses_nothing(
+    agent, operator, slack: FakeSlack
+):
+    for n in range(3):
+        _awaiting(agent, n)
+    slack.fail_next(
+        "chat.postMessage", 429, {"ok": False, "error": "ratelimited"}, {"Retry-After": "30"}
+    )
+    now = timezone.now()
+
+    first = sync_slack(now)
+
+    assert first.posted == 0 and first.deferred == 3
+    assert all(r.due_at == now + timedelta(seconds=30) for r in SlackMessage.objects.all())
+    assert set(SlackMessage.objects.values_list("status", "tries")) == {("pending", 0)}
+    # Not before Retry-After passed...
+    assert sync_slack(now + timedelta(seconds=29)).posted == 0
+    # ...then every one of them, once.
+    assert sync_slack(now + timedelta(seconds=31)).posted == 3
+    assert len(slack.made("chat.postMessage")) == 4  # the refused try, then three
+
+
+def test_a_refused_post_backs_off_and_is_given_up_after_the_tries(
+    agent, operator, slack: FakeSlack, settings
+):
+    settings.STARTSAFE = {**settings.STARTSAFE, "NOTIFY_MAX_TRIES": 2}
+    _awaiting(agent, 1)
+    slack.fail_next("chat.postMessage", 200, {"ok": False, "error": "channel_not_found"})
+    slack.fail_next("chat.postMessage", 200, {"ok": False, "error": "channel_not_found"})
+    now = timezone.now()
+
+    assert sync_slack(now).failures == 1
+    row = SlackMessage.objects.get()
+    assert (row.status, row.tries, row.ts) == ("pending", 1, "")
+    assert row.last_error == "slack: channel_not_found" and row.due_at == now + timedelta(seconds=2)
+    assert sync_slack(now + timedelta(seconds=1)).failures == 0  # backing off
+
+    sync_slack(now + timedelta(seconds=3))
+
+    row.refresh_from_db()
+    assert (row.status, row.tries) == ("given_up", 2)
+
+
+def test_an_escalation_is_posted_once_to_the_escalation_channel(agent, operator, slack: FakeSlack):
+    effect = _awaiting(agent, 1)
+    sync_slack()
+    # What the escalation task writes when the SLA passes.
+    record_event(SYSTEM, "escalated", at=timezone.now(), effect=effect, run=effect.run)
+
+    sync_slack()
+    sync_slack()
+
+    posts = slack.made("chat.postMessage")
+    assert [p["channel"] for p in posts] == [CHANNEL, ESCALATION_CHANNEL]
+    assert "Escalated" in _text(posts[1]["blocks"])
+    assert _buttons(posts[1]["blocks"])["approve"]["value"] == f"{effect.pk}:{effect.args_hash}"
+    assert SlackMessage.objects.filter(purpose="escalation", channel="C0ESCALATE").count() == 1
+
+
+def test_without_an_escalation_channel_an_escalation_is_not_posted(
+    agent, operator, slack: FakeSlack, settings
+):
+    settings.STARTSAFE = {**settings.STARTSAFE, "SLACK_ESCALATION_CHANNEL": ""}
+    effect = _awaiting(agent, 1)
+    record_event(SYSTEM, "escalated", at=timezone.now(), effect=effect, run=effect.run)
+
+    sync_slack()
+
+    assert [p["channel"] for p in slack.made("chat.postMessage")] == [CHANNEL]
+
+
+def test_a_change_queues_the_task_once_after_the_commit(
+    agent, operator, slack: FakeSlack, settings, django_capture_on_commit_callbacks
+):
+    # Made with Slack off: the test's own transaction would already hold their task.
+    on = settings.STARTSAFE
+    settings.STARTSAFE = {**on, "SLACK_BOT_TOKEN": ""}
+    first, second = _awaiting(agent, 1), _awaiting(agent, 2)
+    settings.STARTSAFE = on
+
+    with django_capture_on_commit_callbacks() as callbacks, transaction.atomic():
+        approve_effect(operator, first.pk, args_hash=first.args_hash)
+        approve_effect(operator, second.pk, args_hash=second.args_hash)
+
+    # Not inside the decision's transaction: after its commit, and once for both.
+    assert callbacks == [enqueue_sync]
+
+
+def test_with_slack_off_nothing_is_queued_nor_posted(
+    agent, operator, slack: FakeSlack, settings, django_capture_on_commit_callbacks
+):
+    settings.STARTSAFE = {**settings.STARTSAFE, "SLACK_BOT_TOKEN": ""}
+    with django_capture_on_commit_callbacks() as callbacks:
+        effect = _awaiting(agent, 1)
+
+    assert callbacks == [] and sync_slack().posted == 0
+    assert slack.calls == [] and not SlackMessage.objects.exists()
+    assert Effect.objects.get(pk=effect.pk).status == "awaiting_approval"
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"STARTSAFE_SLACK_BOT_TOKEN": "xoxb-1"},
+        {"STARTSAFE_SLACK_SIGNING_SECRET": "s"},
+        {"STARTSAFE_SLACK_BOT_TOKEN": "xoxb-1", "STARTSAFE_SLACK_SIGNING_SECRET": "s"},
+    ],
+)
+def test_half_a_slack_configuration_is_refused_at_the_start(monkeypatch, env):
+    from django.core.exceptions import ImproperlyConfigured
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ImproperlyConfigured):
+        _slack_settings()
