@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -28,8 +27,8 @@ from django.utils import timezone
 from approvals.decisions import can_decide
 from approvals.links import LABELS, actions_for, link_path, make_token
 from approvals.models import Notification, NotificationKind
+from approvals.outbox import claim_due
 from runs.models import (
-    ACTIVE_OUTBOX_STATUSES,
     AuditEvent,
     Effect,
     EffectStatus,
@@ -205,30 +204,9 @@ def deciders_by_email(addresses: list[str]) -> dict[str, object]:
 
 
 def claim_pending(now: datetime) -> list[Notification]:
-    """Compare-and-set claim of the due rows, with a lease; a crashed sender's rows
-    come back when the lease passes."""
-    due = Q(status=OutboxStatus.PENDING) | Q(status=OutboxStatus.SENDING)
-    ids = list(
-        Notification.objects.filter(due, due_at__lte=now)
-        .order_by("id")
-        .values_list("pk", flat=True)[:BATCH]
-    )
-    if not ids:
-        return []
-    token = str(uuid.uuid4())
-    Notification.objects.filter(
-        pk__in=ids, status__in=ACTIVE_OUTBOX_STATUSES, due_at__lte=now
-    ).update(
-        status=OutboxStatus.SENDING,
-        claim=token,
-        due_at=now + timedelta(seconds=_conf("NOTIFY_LEASE")),
-    )
-    # The effect and its run: each e-mail names them (compose, _effect_lines).
-    return list(
-        Notification.objects.filter(claim=token, status=OutboxStatus.SENDING).select_related(
-            "effect", "effect__run", "run"
-        )
-    )
+    """The due rows this sender holds now (approvals/outbox.py), each with its effect
+    and run: each e-mail names them (compose, _effect_lines)."""
+    return claim_due(Notification, now, batch=BATCH, related=("effect", "effect__run", "run"))
 
 
 def _still_news(rows: list[Notification]) -> tuple[list[Notification], list[Notification]]:

@@ -30,8 +30,8 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from approvals.models import SlackMessage, SlackPurpose, SlackUserMapping
+from approvals.outbox import claim_due
 from runs.models import (
-    ACTIVE_OUTBOX_STATUSES,
     AuditEvent,
     Effect,
     EffectStatus,
@@ -336,28 +336,10 @@ class SlackReport:
     deferred: int = 0
 
 
-def claim_due(now: datetime) -> list[SlackMessage]:
-    """Compare-and-set claim of the due rows, with a lease (``NOTIFY_LEASE``)."""
-    ids = list(
-        SlackMessage.objects.filter(status__in=ACTIVE_OUTBOX_STATUSES, due_at__lte=now)
-        .order_by("due_at", "id")
-        .values_list("pk", flat=True)[:BATCH]
-    )
-    if not ids:
-        return []
-    token = str(uuid.uuid4())
-    SlackMessage.objects.filter(
-        pk__in=ids, status__in=ACTIVE_OUTBOX_STATUSES, due_at__lte=now
-    ).update(
-        status=OutboxStatus.SENDING,
-        claim=token,
-        due_at=now + timedelta(seconds=_conf("NOTIFY_LEASE")),
-    )
-    return list(
-        SlackMessage.objects.filter(claim=token, status=OutboxStatus.SENDING)
-        .select_related("effect", "effect__run")
-        .order_by("id")
-    )
+def claim_due_messages(now: datetime) -> list[SlackMessage]:
+    """The due messages this sender holds now (approvals/outbox.py), each with its
+    effect and run (the message shows them)."""
+    return claim_due(SlackMessage, now, batch=BATCH, related=("effect", "effect__run"))
 
 
 def retry_after(response) -> int:
@@ -384,7 +366,7 @@ def send_slack_messages(now: datetime) -> SlackReport:
        ``given_up`` with its last error (shown in the admin).
     """
     report = SlackReport()
-    rows = claim_due(now)
+    rows = claim_due_messages(now)
     if not rows:
         return report
     client = web_client()
