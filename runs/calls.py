@@ -230,7 +230,7 @@ def record_call(
         if created:
             version_adopted = True
             if key is not None and effect.key == key:
-                origin = drift_origin(run, attempt, attempt_id, tool, key)
+                origin = drift_origin(run, attempt, attempt_id, tool)
                 if origin is not None:
                     opening = gate(effective, drift_from=origin, **gated)
                     _open(effect, opening, run, attempt, now)
@@ -537,10 +537,8 @@ def _apply_call_to_existing(
     status = effect.status
     final_rejection = status == EffectStatus.REJECTED and bool((effect.decision or {}).get("final"))
     effect.args_versions += 1
-    if status in (EffectStatus.PENDING, EffectStatus.AWAITING_APPROVAL):
-        new_status = status
-    elif status == EffectStatus.FAILED:
-        new_status = EffectStatus.AWAITING_APPROVAL if effect.needs_approval else status
+    if status in (EffectStatus.PENDING, EffectStatus.AWAITING_APPROVAL, EffectStatus.FAILED):
+        new_status = status  # awaiting approval below, if the effect needs it
     elif status in (EffectStatus.REJECTED, EffectStatus.EXPIRED) and not final_rejection:
         new_status = EffectStatus.AWAITING_APPROVAL
     else:

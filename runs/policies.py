@@ -345,14 +345,16 @@ def gate(
 # --- Key drift --------------------------------------------------------------------
 
 
-def drift_origin(run: Any, attempt: int, attempt_id: Any, tool: str, key: str) -> Any:
-    """The earlier effect a restarted attempt's new ``key`` of ``tool`` may be drifting
+def drift_origin(run: Any, attempt: int, attempt_id: Any, tool: str) -> Any:
+    """The earlier effect a restarted attempt's new key of ``tool`` may be drifting
     from, or None (product.md, "Key-drift hold").
 
     An effect of the same tool under another key, done or left unknown by an earlier
     attempt of the same run, that this attempt has not named (no call of its own
     points to it). The earliest such one, in journal order. Only a restarted
-    attempt's new key asks (attempt 1 has nothing earlier): one query then.
+    attempt's new key asks (attempt 1 has nothing earlier): one query then. The key
+    made a new effect, so no effect of the run has it: "another key" needs no
+    condition of its own.
     """
     if attempt <= 1:
         return None
@@ -365,7 +367,6 @@ def drift_origin(run: Any, attempt: int, attempt_id: Any, tool: str, key: str) -
             effect__key__isnull=False,
             effect__status__in=(EffectStatus.DONE, EffectStatus.UNKNOWN),
         )
-        .exclude(effect__key=key)
         .exclude(effect_id__in=named)
         .order_by("attempt_number", "seq")
         .values_list("effect_id", flat=True)
