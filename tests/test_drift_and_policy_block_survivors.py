@@ -138,3 +138,38 @@ def test_approving_an_unconfirmed_tools_effect_is_refused_with_its_hold(agent, o
         approve_effect(operator, effect.pk, args_hash=effect.args_hash)
 
     assert refused.value.details == {"status": "awaiting_approval", "hold": effect.hold}
+
+
+def test_a_require_rule_without_a_number_asks_one_approval_of_a_revision(agent, admin_user):
+    require = {"id": "big", "pointer": "/amount", "op": ">", "value": 100, "action": "require"}
+    [tool] = declare_tools(agent, [{"name": "refund", "kind": "effect"}])
+    save_policy(admin_user, ToolPolicy(tool=tool, rules=[require]))
+    run = start(agent).run
+    effect = send(agent, run, tool="refund", key="r-1", args={"amount": 5}).effect
+    complete_effect(agent, effect.pk, run_id=run.pk, attempt=1, outcome="failed", error="x")
+
+    revised = send(agent, run, tool="refund", key="r-1", args={"amount": 500}).effect
+
+    assert (revised.status, revised.needs_approval, revised.approvals_required) == (
+        EffectStatus.AWAITING_APPROVAL,
+        True,
+        1,
+    )
+
+
+def test_an_effect_call_of_a_tool_declared_read_records_an_effect(agent):
+    declare_tools(agent, [{"name": "search", "kind": "read"}])
+
+    recorded = send(agent, start(agent).run, tool="search", key="s:1")
+
+    assert (recorded.call.kind, recorded.effect is not None) == ("effect", True)
+
+
+def test_an_unkeyed_effect_of_a_restarted_attempt_is_not_checked_for_drift(agent):
+    run = start(agent).run
+    _done(agent, run, "mail:1")
+    attempt = _restart(agent, 1)
+
+    effect = send(agent, run, attempt=attempt, key=None).effect
+
+    assert (effect.hold, effect.status) == (None, EffectStatus.IN_FLIGHT)

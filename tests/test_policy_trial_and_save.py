@@ -179,3 +179,33 @@ def test_a_policy_the_database_refuses_leaves_no_audit_row(agent, admin_user):
 
     assert not ToolPolicy.objects.exists()
     assert not AuditEvent.objects.filter(verb__startswith="policy_").exists()
+
+
+def test_a_call_recorded_as_an_effect_of_a_tool_declared_read_is_tried_as_one(agent):
+    [tool] = declare_tools(agent, [{"name": "search", "kind": "read"}])
+    run = start(agent).run
+    as_effect = send(agent, run, tool="search", key="s:1", args={"amount": 5000}).call
+    as_read = read(agent, run, tool="search", args={"amount": 5000}).call
+
+    # Newest first: the read, then (not cut short by it) the call made as an effect.
+    later, earlier = try_policy(tool, _policy(rules=[HUGE]))
+
+    assert (later.call.pk, later.rule, later.opening) == (as_read.pk, None, None)
+    assert earlier.call.pk == as_effect.pk
+    assert (earlier.rule, earlier.opening.status) == (HUGE, EffectStatus.REJECTED)
+    assert earlier.opening.hold["message"] == "Blocked by the policy of search, rule huge."
+
+
+def test_a_trial_reads_the_calls_in_one_query_with_what_the_page_shows(
+    agent, django_assert_num_queries
+):
+    tool = _refund_tool(agent)
+    _refunds(agent, [5, 500])
+
+    with django_assert_num_queries(1):
+        shown = [
+            (c.pk, c.run_id, c.attempt_number, c.seq, c.kind, c.args, c.args_hash, c.action)
+            for c in (t.call for t in try_policy(tool, _policy(rules=[BIG])))
+        ]
+
+    assert [row[3] for row in shown] == [2, 1]

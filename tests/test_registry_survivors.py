@@ -5,6 +5,7 @@ mutant it was written for applied."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -29,6 +30,7 @@ from runs.registry import (
     declare_tools,
     effective_of,
     policy_of,
+    rule_of,
     save_policy,
     stricter,
 )
@@ -240,3 +242,20 @@ def test_a_released_effect_that_needs_approval_keeps_its_deadline_and_says_why(a
     )
     event = AuditEvent.objects.get(effect=effect, verb="tool_confirmed")
     assert event.note == "The tool send_email was confirmed."
+
+
+def test_a_rule_as_sqlite_gives_it_is_decoded_as_postgresql_nests_it():
+    # SQLite's json_object (the embedded default) embeds JSON columns as text.
+    adopted = {"kind": "effect", "needs_approval": True}
+    rules = [{"id": "big", "pointer": "/n", "op": ">", "value": 5, "action": "block"}]
+    as_text = {
+        "state": "registered",
+        "adopted": json.dumps(adopted),
+        "policy": {"id": 7, "kind": None, "rules": json.dumps(rules)},
+    }
+    as_nested = {**as_text, "adopted": adopted, "policy": {**as_text["policy"], "rules": rules}}
+
+    for given in (as_text, as_nested):
+        assert rule_of(given) == as_nested
+    no_policy = {**as_nested, "policy": {"id": None, "kind": None, "rules": None}}
+    assert rule_of(no_policy)["policy"] is None
