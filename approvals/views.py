@@ -349,7 +349,7 @@ def effect_detail(request: HttpRequest, effect_id) -> HttpResponse:
 @login_required
 @permission_required(HISTORY_PERMISSION, raise_exception=True)
 def history(request: HttpRequest) -> HttpResponse:
-    """Every attempt of every run (filterable) and the audit log, both paginated."""
+    """Every attempt of every run and the audit log, each filterable and paginated."""
     status = _filter(request, "status")
     started_by = _filter(request, "started_by")
     agent = _filter(request, "agent")
