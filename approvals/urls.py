@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from approvals import views, views_links, views_tools
+from approvals import views, views_export, views_links, views_tools
 from approvals.forms import (
     AbandonForm,
     AllowRestartForm,
@@ -38,6 +38,18 @@ urlpatterns = [
     path(EFFECT + "mark-done", decide, {"form_class": MarkDoneForm}, name="mark-done"),
     path(EFFECT + "release", decide, {"form_class": ReleaseForm}, name="release"),
     path("history/", views.history, name="history"),
+    path(
+        "history/export.csv",
+        views_export.history_export,
+        {"fmt": "csv"},
+        name="history-export-csv",
+    ),
+    path(
+        "history/export.ndjson",
+        views_export.history_export,
+        {"fmt": "ndjson"},
+        name="history-export-ndjson",
+    ),
     # A signed e-mail link: GET confirms, POST decides (approvals/links.py).
     path("links/<str:token>/", views_links.link, name="link"),
     path("tools/", views_tools.tools, name="tools"),

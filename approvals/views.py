@@ -16,6 +16,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from approvals.audit_export import AuditFilterForm, audit_events, audit_filters
 from approvals.decisions import can_decide
 from approvals.models import Approval
 from approvals.views_common import (
@@ -348,7 +349,7 @@ def effect_detail(request: HttpRequest, effect_id) -> HttpResponse:
 @login_required
 @permission_required(HISTORY_PERMISSION, raise_exception=True)
 def history(request: HttpRequest) -> HttpResponse:
-    """Every attempt of every run (filterable) and the audit log, both paginated."""
+    """Every attempt of every run and the audit log, each filterable and paginated."""
     status = _filter(request, "status")
     started_by = _filter(request, "started_by")
     agent = _filter(request, "agent")
@@ -360,7 +361,10 @@ def history(request: HttpRequest) -> HttpResponse:
     if agent:
         attempts = attempts.filter(run__agent__name=agent)
     attempt_page = Paginator(attempts, HISTORY_PER_PAGE).get_page(request.GET.get("page"))
-    audit = AuditEvent.objects.select_related("run", "effect").order_by("-at", "-id")
+    # The audit log's filters (agent is shared with the attempts) are the export's:
+    # the same function builds both lists (approvals/audit_export.py).
+    audit_form = AuditFilterForm(request.GET)
+    audit = audit_events(audit_filters(request.GET)).select_related("run", "effect")
     audit_page = Paginator(audit, HISTORY_PER_PAGE).get_page(request.GET.get("apage"))
     query = request.GET.copy()
     query.pop("page", None)
@@ -369,6 +373,7 @@ def history(request: HttpRequest) -> HttpResponse:
         request,
         attempt_page=attempt_page,
         audit_page=audit_page,
+        audit_form=audit_form,
         filters={"status": status, "started_by": started_by, "agent": agent},
         statuses=AttemptStatus.values,
         agents=Agent.objects.order_by("name").values_list("name", flat=True),
