@@ -299,5 +299,5 @@ def test_api_access(method, path, role, agent, other_agent, operator):
 
 def test_matrix_size():
     # The figures of the report: addresses × roles walked above.
-    assert len(CELLS) == (len(CONSOLE) + len(OTHERS)) * len(CONSOLE_ROLES) == 130
+    assert len(CELLS) == (len(CONSOLE) + len(OTHERS)) * len(CONSOLE_ROLES) == 140
     assert len(API_CELLS) == len(API) * len(API_ROLES) == 52
