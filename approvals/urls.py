@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from approvals import views, views_links, views_tools
+from approvals import views, views_insights, views_links, views_tools
 from approvals.forms import (
     AbandonForm,
     AllowRestartForm,
@@ -38,6 +38,7 @@ urlpatterns = [
     path(EFFECT + "mark-done", decide, {"form_class": MarkDoneForm}, name="mark-done"),
     path(EFFECT + "release", decide, {"form_class": ReleaseForm}, name="release"),
     path("history/", views.history, name="history"),
+    path("insights/", views_insights.insights_page, name="insights"),
     # A signed e-mail link: GET confirms, POST decides (approvals/links.py).
     path("links/<str:token>/", views_links.link, name="link"),
     path("tools/", views_tools.tools, name="tools"),

@@ -40,6 +40,8 @@ CONSOLE = {
     ("GET", "runs/<uuid:run_id>/"): READ,
     ("GET", "effects/<uuid:effect_id>/"): READ,
     ("GET", "history/"): {**READ, "viewer": 403, "operator": 403},
+    # How people decide: operators' and admins' (approvals/views_insights.py).
+    ("GET", "insights/"): {**READ, "viewer": 403},
     ("GET", "effects/<uuid:effect_id>/edit"): {**READ, "viewer": 403},
     ("POST", "effects/<uuid:effect_id>/edit"): {**READ, "viewer": 403},
     ("POST", "effects/<uuid:effect_id>/approve"): DECIDE,
