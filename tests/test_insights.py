@@ -16,7 +16,9 @@ from lifecycle_helpers import send, start
 from approvals.decisions import approve_effect, reject_effect
 from approvals.escalation import escalate
 from approvals.insights import Period, _percentile, insights
+from runs.models import Tool, ToolPolicy
 from runs.outcomes import complete_effect
+from runs.registry import declare_tools
 
 pytestmark = pytest.mark.django_db
 
@@ -45,8 +47,9 @@ def _drift_hold(agent, tool="refund", run_key="drift"):
 @pytest.fixture
 def journal(agent, operator, second_operator):
     """send_email: three asked (decided after 10, 50 and 20 minutes: approve, reject,
-    approve), one escalated, one replay waiting on an awaiting effect and one skipped
-    after it was done (two duplicates). refund: one expired, one held for drift. And
+    approve; the last rejected again once approved), one escalated, one replay waiting on an awaiting effect and one skipped
+    after it was done (two duplicates). refund: one expired, one held for drift. wire:
+    one rejected by the system at its deadline (its policy's ``on_expiry``). And
     one decision 40 days before, outside every period below."""
     t0 = timezone.now() - timedelta(hours=2)
     run = start(agent, "job", heartbeat_timeout=86_400, now=t0 - timedelta(days=41)).run
@@ -71,6 +74,15 @@ def journal(agent, operator, second_operator):
     e4 = _ask(agent, run, "r1", tool="refund", ttl=600, now=t0)
     late = send(agent, run, tool="refund", key="r1", needs_approval=True, now=t0 + 11 * MIN)
     assert late.effect.status == "expired"  # the replay past the deadline records it
+    # A rejection after the approval is no decision of an awaiting effect.
+    reject_effect(second_operator, e3.pk, args_hash=e3.args_hash, note="late", now=t0 + 25 * MIN)
+    # wire's policy rejects at the deadline: the system's rejection is an expiry.
+    declare_tools(agent, [{"name": "wire", "kind": "effect"}])
+    wire = Tool.objects.get(agent=agent, name="wire")
+    ToolPolicy.objects.create(tool=wire, on_expiry="reject", updated_at=t0)
+    _ask(agent, run, "w1", tool="wire", ttl=600, now=t0)
+    late = send(agent, run, tool="wire", key="w1", needs_approval=True, now=t0 + 11 * MIN)
+    assert late.effect.status == "rejected" and late.effect.decision["by"] == "system"
     _drift_hold(agent)
     return {"t0": t0, "e4": e4, "period": Period(t0 - timedelta(days=1), timezone.now() + MIN)}
 
@@ -106,6 +118,8 @@ def test_the_figures_per_tool_are_the_hand_computed_ones(journal):
         "duplicates": 0,  # the held effect's first call waits at its own creation
     }
     assert refund["rate"] is None and refund["median"] is None
+    wire = tools["wire"]
+    assert (wire["asked"], wire["decided"], wire["expired"]) == (1, 0, 1)
 
 
 def test_the_figures_per_operator_count_who_decided(journal):
