@@ -15,7 +15,7 @@ from lifecycle_helpers import send, start
 
 from approvals.decisions import approve_effect, reject_effect
 from approvals.escalation import escalate
-from approvals.insights import Period, _percentile, insights
+from approvals.insights import Period, _percentile, decision_figures, insights
 from runs.models import Tool, ToolPolicy
 from runs.outcomes import complete_effect
 from runs.registry import declare_tools
@@ -47,10 +47,11 @@ def _drift_hold(agent, tool="refund", run_key="drift"):
 @pytest.fixture
 def journal(agent, operator, second_operator):
     """send_email: three asked (decided after 10, 50 and 20 minutes: approve, reject,
-    approve; the last rejected again once approved), one escalated, one replay waiting on an awaiting effect and one skipped
-    after it was done (two duplicates). refund: one expired, one held for drift. wire:
-    one rejected by the system at its deadline (its policy's ``on_expiry``). And
-    one decision 40 days before, outside every period below."""
+    approve; the last rejected again once approved), e2 revised, asking again and
+    approved 3 minutes later; one escalated; waits on an awaiting effect and a skip
+    of a done one (duplicates). refund: one expired, one held for drift. pay: held
+    by its policy. wire: rejected by the system at its deadline (its policy's
+    ``on_expiry``). And one decision 40 days before, outside every period below."""
     t0 = timezone.now() - timedelta(hours=2)
     run = start(agent, "job", heartbeat_timeout=86_400, now=t0 - timedelta(days=41)).run
 
@@ -74,6 +75,18 @@ def journal(agent, operator, second_operator):
     e4 = _ask(agent, run, "r1", tool="refund", ttl=600, now=t0)
     late = send(agent, run, tool="refund", key="r1", needs_approval=True, now=t0 + 11 * MIN)
     assert late.effect.status == "expired"  # the replay past the deadline records it
+    # Revised after the rejection, e2 asks again; approved 3 minutes after that.
+    revised = send(agent, run, tool="send_email", key="k2", args={"subject": "Better"},
+                   needs_approval=True, now=t0 + 55 * MIN)  # fmt: skip
+    assert revised.effect.status == "awaiting_approval"
+    approve_effect(operator, e2.pk, args_hash=revised.effect.args_hash, now=t0 + 58 * MIN)
+    # pay's policy requires approval: a hold, but not for drift.
+    declare_tools(agent, [{"name": "pay", "kind": "effect"}])
+    rule = {"id": "all", "pointer": "/amount", "op": ">", "value": 0, "action": "require"}
+    pay = Tool.objects.get(agent=agent, name="pay")
+    ToolPolicy.objects.create(tool=pay, rules=[rule], updated_at=t0)
+    held = send(agent, run, tool="pay", key="p1", args={"amount": 5}, now=t0).effect
+    assert held.hold["reason"] == "policy_rule"
     # A rejection after the approval is no decision of an awaiting effect.
     reject_effect(second_operator, e3.pk, args_hash=e3.args_hash, note="late", now=t0 + 25 * MIN)
     # wire's policy rejects at the deadline: the system's rejection is an expiry.
@@ -96,18 +109,19 @@ def test_the_figures_per_tool_are_the_hand_computed_ones(journal):
 
     send_email, refund = tools["send_email"], tools["refund"]
     assert {k: send_email[k] for k in ("asked", "decided", "approved", "expired")} == {
-        "asked": 3,  # not the escalation (awaiting → awaiting) nor the old one
-        "decided": 3,
-        "approved": 2,
+        "asked": 4,  # e2 twice; not the escalation (awaiting → awaiting) nor the old one
+        "decided": 4,
+        "approved": 3,
         "expired": 0,
     }
-    assert send_email["rate"] == pytest.approx(2 / 3)
-    # Waits 600, 3000 and 1200 s: the median 1200; p90 1200 + 0.8 × (3000 − 1200).
-    assert send_email["median"] == timedelta(seconds=1200)
-    assert send_email["p90"] == timedelta(seconds=2640)
+    assert send_email["rate"] == pytest.approx(3 / 4)
+    # Waits 600, 3000, 1200 and 180 s (e2's second ask, from its revision): the
+    # median (600 + 1200) / 2; p90 at 2.7 of 3: 1200 + 0.7 × (3000 − 1200).
+    assert send_email["median"] == timedelta(seconds=900)
+    assert send_email["p90"] == timedelta(seconds=2460)
     assert (send_email["escalated"], send_email["duplicates"], send_email["drift_holds"]) == (
         1,
-        2,  # the wait on k1 and the skip of k5; not the first calls' own waits
+        3,  # waits on k1 and on k2's revision, the skip of k5; not first calls' waits
         0,
     )
     assert {k: refund[k] for k in ("asked", "decided", "expired", "drift_holds", "duplicates")} == {
@@ -118,6 +132,7 @@ def test_the_figures_per_tool_are_the_hand_computed_ones(journal):
         "duplicates": 0,  # the held effect's first call waits at its own creation
     }
     assert refund["rate"] is None and refund["median"] is None
+    assert (tools["pay"]["asked"], tools["pay"]["drift_holds"]) == (1, 0)
     wire = tools["wire"]
     assert (wire["asked"], wire["decided"], wire["expired"]) == (1, 0, 1)
 
@@ -127,9 +142,9 @@ def test_the_figures_per_operator_count_who_decided(journal):
 
     assert set(operators) == {"olivia", "oscar"}
     olivia, oscar = operators["olivia"], operators["oscar"]
-    assert (olivia["decided"], olivia["approved"], olivia["rate"]) == (2, 2, 1.0)
-    assert olivia["median"] == timedelta(seconds=900)  # 600 and 1200
-    assert olivia["p90"] == timedelta(seconds=1140)
+    assert (olivia["decided"], olivia["approved"], olivia["rate"]) == (3, 3, 1.0)
+    assert olivia["median"] == timedelta(seconds=600)  # 180, 600 and 1200
+    assert olivia["p90"] == timedelta(seconds=1080)
     assert (oscar["decided"], oscar["approved"], oscar["rate"]) == (1, 0, 0.0)
     assert oscar["median"] == oscar["p90"] == timedelta(seconds=3000)
 
@@ -154,13 +169,13 @@ def test_the_period_leaves_out_what_happened_outside_it(journal):
     }
 
 
-def test_the_python_percentile_is_percentile_conts(journal):
+def test_the_embedded_defaults_python_percentiles_are_percentile_conts(journal):
     """The embedded default (SQLite) computes the percentiles in Python: the same
-    interpolation as PostgreSQL's percentile_cont."""
-    waits = [timedelta(seconds=s) for s in (600, 3000, 1200)]
-    tools = _by_name(insights(journal["period"])["tools"])
-    assert _percentile(waits, 0.5) == tools["send_email"]["median"]
-    assert _percentile(waits, 0.9) == tools["send_email"]["p90"]
+    figures as PostgreSQL's percentile_cont, from the same rows."""
+    for by in ("effect__tool", "actor"):
+        in_python = decision_figures(journal["period"], by, postgres=False)
+        assert in_python == decision_figures(journal["period"], by, postgres=True)
+    assert in_python["olivia"]["p90"] == timedelta(seconds=1080)
     assert _percentile([], 0.5) is None
 
 
@@ -173,7 +188,7 @@ def test_the_page_shows_the_figures_and_charts_to_an_operator(journal, operator,
     assert page.status_code == 200
     html = page.content.decode()
     assert html.count('<svg class="bars"') == 4
-    assert "<code>send_email</code></th><td>3</td><td>3</td><td>67%</td><td>20 min</td>" in html
+    assert "<code>send_email</code></th><td>4</td><td>4</td><td>75%</td><td>15 min</td>" in html
     assert 'href="/insights/" aria-current="page"' in html
     client.force_login(admin_user)
     assert client.get(URL).status_code == 200
