@@ -19,9 +19,10 @@ query, whatever the number of rows:
   approval since an earlier call). The first call of an effect that needs approval
   is answered ``wait`` too, at its effect's creation: it is no duplicate.
 
-The audit figures read ``audit_at_idx`` for the period and each event's effect by its
-primary key; drift holds and duplicates read the partial indexes added for them
-(runs migration 0012: ``effect_held_created_idx``, ``call_replay_at_idx``).
+Each reads a partial index added for it (runs migration 0012) over the period, and
+each row's effect by its primary key: the audit figures ``audit_awaiting_at_idx``
+(events from or to awaiting_approval only), drift holds ``effect_held_created_idx``,
+duplicates ``call_replay_at_idx``.
 """
 
 from __future__ import annotations
@@ -154,7 +155,10 @@ def expired(period: Period) -> dict[str, int]:
 
 
 def escalated(period: Period) -> dict[str, int]:
-    return _count_by_tool(AuditEvent.objects.filter(_in(period), verb=ESCALATED))
+    # An escalation is recorded on an awaiting effect (approvals/escalation.py): saying
+    # so lets the query use audit_awaiting_at_idx.
+    escalations = AuditEvent.objects.filter(_in(period), verb=ESCALATED, new_status=AWAITING)
+    return _count_by_tool(escalations)
 
 
 def drift_holds(period: Period) -> dict[str, int]:

@@ -542,6 +542,14 @@ class AuditEvent(models.Model):
             models.Index(fields=["-at"], name="audit_at_idx"),
             models.Index(fields=["effect", "at"], name="audit_effect_idx"),
             models.Index(fields=["run", "at"], name="audit_run_idx"),
+            # The insights page: the period's events of effects entering, waiting in
+            # or leaving awaiting_approval (asked, decided, expired, escalated), a
+            # small part of the log: the rest (claims, results, calls) is left out.
+            models.Index(
+                fields=["at"],
+                name="audit_awaiting_at_idx",
+                condition=Q(new_status="awaiting_approval") | Q(old_status="awaiting_approval"),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -1,6 +1,6 @@
-"""Indexes for the insights page (approvals/insights.py): the period's drift holds and
-its replayed calls, each a range scan of a small partial index instead of reading
-every effect or every call."""
+"""Indexes for the insights page (approvals/insights.py): the period's approval events,
+drift holds and replayed calls, each a range scan of a small partial index instead
+of reading every audit event, effect or call of the period."""
 
 from django.db import migrations, models
 
@@ -11,6 +11,18 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AddIndex(
+            model_name="auditevent",
+            index=models.Index(
+                condition=models.Q(
+                    ("new_status", "awaiting_approval"),
+                    ("old_status", "awaiting_approval"),
+                    _connector="OR",
+                ),
+                fields=["at"],
+                name="audit_awaiting_at_idx",
+            ),
+        ),
         migrations.AddIndex(
             model_name="effect",
             index=models.Index(
