@@ -13,11 +13,11 @@ query, whatever the number of rows:
   system's rejection when the tool's policy says ``on_expiry: reject``);
 - escalated: the audit verb ``escalated`` (approvals/escalation.py);
 - drift holds: effects recorded with the hold ``key_drift`` (runs/policies.py);
-- duplicates prevented: calls answered from an effect an earlier call had already
-  recorded: ``skip`` (the effect is done: the call repeats one that ran) and ``wait``
-  on an effect created before the call (in flight for another attempt, or awaiting
-  approval since an earlier call). The first call of an effect that needs approval
-  is answered ``wait`` too, at its effect's creation: it is no duplicate.
+- duplicates prevented: calls answered from a keyed effect an earlier call had
+  already recorded (``prevented_duplicate``, as the tools page counts them): ``skip``
+  (done: the call repeats one that ran) or ``wait`` (in flight for another attempt,
+  or awaiting approval since an earlier call). The first call of an effect that
+  needs approval is answered ``wait`` too, at its effect's creation: no duplicate.
 
 Each reads a partial index added for it (runs migration 0012) over the period, and
 each row's effect by its primary key: the audit figures ``audit_awaiting_at_idx``
@@ -167,10 +167,19 @@ def drift_holds(period: Period) -> dict[str, int]:
     return _count_by_tool(held.filter(hold__reason=HOLD_KEY_DRIFT), "tool")
 
 
+def prevented_duplicate() -> Q:
+    """A call that a key kept from doing its effect again: answered ``skip`` or
+    ``wait`` on a keyed effect recorded before the call (the call that records an
+    awaiting effect waits too, and is no duplicate). The tools page counts it too."""
+    return Q(
+        action__in=(Action.SKIP, Action.WAIT),
+        effect__key__isnull=False,
+        at__gt=F("effect__created_at"),
+    )
+
+
 def duplicates_prevented(period: Period) -> dict[str, int]:
-    replays = Call.objects.filter(_in(period), action__in=(Action.SKIP, Action.WAIT))
-    prevented = replays.filter(Q(action=Action.SKIP) | Q(at__gt=F("effect__created_at")))
-    return _count_by_tool(prevented.filter(effect__isnull=False), "tool")
+    return _count_by_tool(Call.objects.filter(_in(period), prevented_duplicate()), "tool")
 
 
 def _rate(row: dict) -> float | None:
