@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from approvals import views, views_export, views_links, views_tools
+from approvals import views, views_export, views_insights, views_links, views_tools
 from approvals.forms import (
     AbandonForm,
     AllowRestartForm,
@@ -50,6 +50,7 @@ urlpatterns = [
         {"fmt": "ndjson"},
         name="history-export-ndjson",
     ),
+    path("insights/", views_insights.insights_page, name="insights"),
     # A signed e-mail link: GET confirms, POST decides (approvals/links.py).
     path("links/<str:token>/", views_links.link, name="link"),
     path("tools/", views_tools.tools, name="tools"),

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, F, Q
+from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -22,9 +22,9 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import trigger_client_event
 
 from approvals.forms import PolicyForm
+from approvals.insights import prevented_duplicate
 from approvals.views import base_context
 from runs.models import (
-    Action,
     AuditEvent,
     Call,
     CallKind,
@@ -81,11 +81,7 @@ def journal_counts(tools: list[Tool]) -> dict[tuple[Any, str], dict[str, int]]:
         for name, value in values.items():
             row[name] += value
 
-    replay = Q(
-        action__in=(Action.SKIP, Action.WAIT),
-        effect__key__isnull=False,
-        at__gt=F("effect__created_at"),
-    )
+    replay = prevented_duplicate()
     calls = (
         Call.objects.filter(run__agent_id__in=agents, tool__in=names)
         .values("run__agent_id", "tool")

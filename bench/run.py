@@ -223,6 +223,7 @@ def measure_console(seeded, repeat: int) -> list[dict]:
         ("runs, filtered by agent + searched", "/runs/?agent=bench-agent-00&q=refund", {}),
         ("run page (30 calls)", f"/runs/{seeded.detail_run}/", {}),
         ("effect page (awaiting)", f"/effects/{seeded.detail_effect}/", {}),
+        ("insights, last 30 days", "/insights/", {}),
     ]
     for _, path, headers in pages:
         client.get(path, headers=headers)  # warm: templates compiled, caches filled

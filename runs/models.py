@@ -403,6 +403,13 @@ class Effect(models.Model):
                 name="effect_unkeyed_started_idx",
                 condition=Q(key__isnull=True, first_claimed_at__isnull=False),
             ),
+            # The insights page: the period's held effects (its drift holds). Few
+            # effects are held, so the index is small.
+            models.Index(
+                fields=["created_at"],
+                name="effect_held_created_idx",
+                condition=Q(hold__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -458,6 +465,13 @@ class Call(models.Model):
         indexes = [
             # The run page and the verdict: a run's journal in order.
             models.Index(fields=["run", "attempt_number", "seq"], name="call_run_order_idx"),
+            # The insights page: the period's calls answered from an existing effect
+            # (its duplicates prevented).
+            models.Index(
+                fields=["at"],
+                name="call_replay_at_idx",
+                condition=Q(action__in=["skip", "wait"]),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -528,6 +542,14 @@ class AuditEvent(models.Model):
             models.Index(fields=["-at"], name="audit_at_idx"),
             models.Index(fields=["effect", "at"], name="audit_effect_idx"),
             models.Index(fields=["run", "at"], name="audit_run_idx"),
+            # The insights page: the period's events of effects entering, waiting in
+            # or leaving awaiting_approval (asked, decided, expired, escalated), a
+            # small part of the log: the rest (claims, results, calls) is left out.
+            models.Index(
+                fields=["at"],
+                name="audit_awaiting_at_idx",
+                condition=Q(new_status="awaiting_approval") | Q(old_status="awaiting_approval"),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -42,6 +42,8 @@ CONSOLE = {
     ("GET", "history/"): {**READ, "viewer": 403, "operator": 403},
     ("GET", "history/export.csv"): {**READ, "viewer": 403, "operator": 403},
     ("GET", "history/export.ndjson"): {**READ, "viewer": 403, "operator": 403},
+    # How people decide: operators' and admins' (approvals/views_insights.py).
+    ("GET", "insights/"): {**READ, "viewer": 403},
     ("GET", "effects/<uuid:effect_id>/edit"): {**READ, "viewer": 403},
     ("POST", "effects/<uuid:effect_id>/edit"): {**READ, "viewer": 403},
     ("POST", "effects/<uuid:effect_id>/approve"): DECIDE,
@@ -299,5 +301,5 @@ def test_api_access(method, path, role, agent, other_agent, operator):
 
 def test_matrix_size():
     # The figures of the report: addresses × roles walked above.
-    assert len(CELLS) == (len(CONSOLE) + len(OTHERS)) * len(CONSOLE_ROLES) == 140
+    assert len(CELLS) == (len(CONSOLE) + len(OTHERS)) * len(CONSOLE_ROLES) == 145
     assert len(API_CELLS) == len(API) * len(API_ROLES) == 52
