@@ -509,6 +509,10 @@ OIDC_USE_NONCE = True
 # PKCE as well as the client secret (RFC 9700): every provider in docs/oidc.md has it.
 OIDC_USE_PKCE = True
 OIDC_TIMEOUT = 10
+# The client authenticates to the token endpoint with HTTP Basic (client_secret_basic):
+# OpenID Connect's default, which every provider must accept; some (Okta) refuse the
+# other method unless the client was registered for it.
+OIDC_TOKEN_USE_BASIC_AUTH = True
 OIDC_AUTHENTICATE_CLASS = "startsafe.oidc.AuthenticationRequestView"
 OIDC_CALLBACK_CLASS = "startsafe.oidc.CallbackView"
 # A refused sign-in at the provider's end comes back to the sign-in page, which says so.
