@@ -213,6 +213,7 @@ def test_the_group_claim_gives_the_role_and_losing_the_group_loses_it(oidc, prov
     refused = sign_in_with_provider(client, provider)
     assert refused["Location"] == "/accounts/login/?sso=failed"
     assert "_auth_user_id" not in client.session
+    assert AccessAttempt.objects.get(ip_address="127.0.0.1").failures_since_start == 1
     assert "did not sign you in" in client.get(refused["Location"]).content.decode()
 
 
@@ -253,6 +254,13 @@ def test_a_forged_expired_or_misaddressed_id_token_is_refused(oidc, provider):
         with pytest.raises(PermissionDenied):
             backend.verify_token(token, nonce="the-nonce")
             pytest.fail(f"accepted an ID token {why}")
+
+
+def test_a_discovery_document_for_another_issuer_is_refused(oidc, provider):
+    assert discover(provider.issuer)["issuer"] == provider.issuer
+    # The same provider reached as localhost: its document names 127.0.0.1's issuer.
+    with pytest.raises(PermissionDenied):
+        discover(provider.issuer.replace("127.0.0.1", "localhost"))
 
 
 def test_local_sign_in_off_refuses_the_form(oidc, provider, settings):

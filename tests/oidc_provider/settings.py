@@ -7,7 +7,9 @@ import os
 
 SECRET_KEY = "oidc-provider-test-only"
 DEBUG = False
-ALLOWED_HOSTS = ["127.0.0.1"]
+# localhost: the same provider under another name, whose discovery document then
+# names an issuer that is not the one asked (tests/test_oidc.py).
+ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
 INSTALLED_APPS = [
     "django.contrib.auth",
     "django.contrib.contenttypes",
