@@ -25,9 +25,10 @@ import pytest
 from axes.models import AccessAttempt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from django.contrib.auth import authenticate
 from django.contrib.auth.models import Group, User
 from django.core.exceptions import PermissionDenied
-from django.test import Client
+from django.test import Client, RequestFactory
 
 from approvals.models import OidcIdentity
 from startsafe.oidc import Backend, discover
@@ -279,7 +280,16 @@ def test_local_sign_in_off_refuses_the_form(oidc, provider, settings):
     admin_form = client.post(
         "/admin/login/?next=/admin/", {"username": "lou", "password": "local-password"}
     )
-    assert admin_form.status_code == 200 and "_auth_user_id" not in client.session
+    assert "_auth_user_id" not in client.session
+    assert admin_form["Location"] == "/accounts/login/?next=/admin/"  # to the provider's button
+    # And no backend takes a password, whatever form would ask (OIDC's ignores one).
+    # (A code and state in the query: the OIDC backend must still leave a password
+    # sign-in to the next backend, not try them at the provider and refuse.)
+    request = RequestFactory().post("/elsewhere/?code=abc&state=def")
+    assert authenticate(request, username="lou", password="local-password") is None
+    settings.AUTHENTICATION_BACKENDS = [AXES, OIDC, PASSWORDS]
+    assert authenticate(request, username="lou", password="local-password") == lou
+    settings.AUTHENTICATION_BACKENDS = [AXES, OIDC]
     # The provider still signs people in.
     assert sign_in_with_provider(client, provider)["Location"] == "/"
 
