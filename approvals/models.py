@@ -203,3 +203,25 @@ class SlackUserMapping(models.Model):
 
     def __str__(self) -> str:
         return f"{self.slack_user_id} → {self.user}"
+
+
+class OidcIdentity(models.Model):
+    """Which console user an OpenID Connect provider's account is (startsafe/oidc.py).
+
+    By the issuer and its ``sub``, the one claim the provider promises never to
+    reassign; never by e-mail or username, which a provider's user may choose or be
+    given later, so an account there can never take over a local one here."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="oidc_identity"
+    )
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["issuer", "subject"], name="oidc_identity_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.subject} at {self.issuer}"

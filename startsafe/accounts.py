@@ -13,6 +13,7 @@ from functools import wraps
 from django.conf import settings
 from django.contrib.auth import urls as auth_urls
 from django.contrib.auth import views as auth_views
+from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.urls import path
 
@@ -39,15 +40,30 @@ def _only_with_email(view):
     def wrapped(request, *args, **kwargs):
         if not email_is_configured():
             raise Http404("Password reset is off: e-mail is not configured.")
+        if not settings.STARTSAFE["LOCAL_LOGIN"]:
+            raise Http404("Password reset is off: sign-in with a password is off.")
         return view(request, *args, **kwargs)
 
     return wrapped
 
 
 class LoginView(auth_views.LoginView):
+    """Django's sign-in page; it offers the OpenID Connect provider when one is set,
+    and with STARTSAFE_LOCAL_LOGIN off it neither shows nor takes a password (the
+    backend that checks passwords is gone as well: settings.AUTHENTICATION_BACKENDS)."""
+
+    def post(self, request, *args, **kwargs):
+        if not settings.STARTSAFE["LOCAL_LOGIN"]:
+            raise PermissionDenied("Sign-in with a username and password is off.")
+        return super().post(request, *args, **kwargs)
+
     def get_context_data(self, **kwargs):
         context = super().get_context_data(**kwargs)
-        context["password_reset"] = email_is_configured()
+        config = settings.STARTSAFE
+        context["password_reset"] = email_is_configured() and config["LOCAL_LOGIN"]
+        context["local_login"] = config["LOCAL_LOGIN"]
+        context["oidc_provider"] = config["OIDC_PROVIDER_NAME"] if config["OIDC_ISSUER"] else ""
+        context["sso_failed"] = self.request.GET.get("sso") == "failed"
         return context
 
 

@@ -7,8 +7,11 @@ and the group's permissions decide what they see and change there.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.auth import REDIRECT_FIELD_NAME
+from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import ValidationError
 
 ROLE_GROUPS = ("operators", "admins")
@@ -38,3 +41,10 @@ class StartsafeAdminSite(admin.AdminSite):
 
     def has_permission(self, request):
         return may_use_admin(request.user)
+
+    def login(self, request, extra_context=None):
+        # With STARTSAFE_LOCAL_LOGIN off its password form could only fail (no backend
+        # checks passwords): the console's sign-in page offers the provider instead.
+        if not settings.STARTSAFE["LOCAL_LOGIN"] and not self.has_permission(request):
+            return redirect_to_login(request.GET.get(REDIRECT_FIELD_NAME) or "/admin/")
+        return super().login(request, extra_context)

@@ -188,10 +188,11 @@ LOGOUT_REDIRECT_URL = "/accounts/login/"
 # Axes' backend first: it refuses a locked-out username or address before the
 # password is even checked, for every form that calls authenticate() (the console's
 # sign-in and the admin's).
-AUTHENTICATION_BACKENDS = [
-    "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
-]
+# Then the OpenID Connect backend when a provider is set (startsafe/oidc.py), and
+# Django's password backend while local sign-in is on: without it no form anywhere
+# (the console's or the admin's) accepts a password. The OIDC backend also answers
+# permission checks (it is a ModelBackend), so roles work with local sign-in off.
+# AUTHENTICATION_BACKENDS is set below, once STARTSAFE is read.
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -387,6 +388,43 @@ def _slack_settings() -> dict:
     }
 
 
+def _oidc_settings() -> dict:
+    """OpenID Connect sign-in (docs/oidc.md): on when STARTSAFE_OIDC_ISSUER is set.
+
+    The endpoints are not settings: they come from the issuer's discovery document,
+    read at the first sign-in and kept for the process (startsafe/oidc.py), so the
+    provider being down at the start stops only single sign-on, not the console."""
+    issuer = (env_str("STARTSAFE_OIDC_ISSUER", "") or "").rstrip("/")
+    client_id = env_str("STARTSAFE_OIDC_CLIENT_ID", "")
+    secret = env_str("STARTSAFE_OIDC_CLIENT_SECRET", "")
+    if issuer and not (client_id and secret):
+        raise ImproperlyConfigured(
+            "STARTSAFE_OIDC_ISSUER needs STARTSAFE_OIDC_CLIENT_ID and STARTSAFE_OIDC_CLIENT_SECRET."
+        )
+    if issuer and not issuer.startswith(("https://", "http://")):
+        raise ImproperlyConfigured(f"STARTSAFE_OIDC_ISSUER={issuer!r} is not an http(s) URL.")
+    local_login = env_bool("STARTSAFE_LOCAL_LOGIN", True)
+    if not (issuer or local_login):
+        raise ImproperlyConfigured(
+            "STARTSAFE_LOCAL_LOGIN=0 needs STARTSAFE_OIDC_ISSUER: nobody could sign in."
+        )
+    return {
+        "OIDC_ISSUER": issuer,
+        "OIDC_CLIENT_ID": client_id,
+        "OIDC_CLIENT_SECRET": secret,
+        # The sign-in page's button: "Sign in with <name>".
+        "OIDC_PROVIDER_NAME": env_str("STARTSAFE_OIDC_PROVIDER_NAME", "single sign-on"),
+        # The claim (ID token or userinfo) that lists the user's groups at the provider.
+        "OIDC_GROUPS_CLAIM": env_str("STARTSAFE_OIDC_GROUPS_CLAIM", "groups"),
+        # Provider groups that give each role; a user in none of them is refused.
+        "OIDC_VIEWER_GROUPS": env_list("STARTSAFE_OIDC_VIEWER_GROUPS", []),
+        "OIDC_OPERATOR_GROUPS": env_list("STARTSAFE_OIDC_OPERATOR_GROUPS", []),
+        "OIDC_ADMIN_GROUPS": env_list("STARTSAFE_OIDC_ADMIN_GROUPS", []),
+        # Username and password sign-in (console and admin); off: only the provider.
+        "LOCAL_LOGIN": local_login,
+    }
+
+
 STARTSAFE = {
     # Default approval deadline when a call does not send approval_ttl (seconds).
     "APPROVAL_TTL": env_int("STARTSAFE_APPROVAL_TTL", 86_400, minimum=60, maximum=2_592_000),
@@ -455,7 +493,30 @@ STARTSAFE = {
     # Host names and CIDR networks reached though not public (see above).
     "OUTBOUND_ALLOW": _OUTBOUND_ALLOW,
     **_slack_settings(),
+    **_oidc_settings(),
 }
+
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    *(["startsafe.oidc.Backend"] if STARTSAFE["OIDC_ISSUER"] else []),
+    *(["django.contrib.auth.backends.ModelBackend"] if STARTSAFE["LOCAL_LOGIN"] else []),
+]
+# mozilla-django-oidc's own settings; the provider's, client's and endpoints' values
+# come from STARTSAFE above (startsafe.oidc.setting).
+OIDC_RP_SIGN_ALGO = "RS256"  # the provider's keys from its JWKS, never a shared secret
+OIDC_RP_SCOPES = "openid email profile"
+OIDC_USE_NONCE = True
+# PKCE as well as the client secret (RFC 9700): every provider in docs/oidc.md has it.
+OIDC_USE_PKCE = True
+OIDC_TIMEOUT = 10
+# The client authenticates to the token endpoint with HTTP Basic (client_secret_basic):
+# OpenID Connect's default, which every provider must accept; some (Okta) refuse the
+# other method unless the client was registered for it.
+OIDC_TOKEN_USE_BASIC_AUTH = True
+OIDC_AUTHENTICATE_CLASS = "startsafe.oidc.AuthenticationRequestView"
+OIDC_CALLBACK_CLASS = "startsafe.oidc.CallbackView"
+# A refused sign-in at the provider's end comes back to the sign-in page, which says so.
+LOGIN_REDIRECT_URL_FAILURE = "/accounts/login/?sso=failed"
 
 if STARTSAFE["ESCALATION_SLA"] >= 1:
     raise ImproperlyConfigured(

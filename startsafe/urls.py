@@ -14,6 +14,8 @@ handler500 = "runs.api.middleware.server_error"
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("startsafe.accounts")),
+    # OpenID Connect sign-in (startsafe/oidc.py): 404 unless a provider is set.
+    path("oidc/", include("mozilla_django_oidc.urls")),
     path("api/v1/", api.urls),
     path("healthz", health.healthz, name="healthz"),
     path("metrics", health.metrics, name="metrics"),
