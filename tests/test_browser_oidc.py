@@ -47,3 +47,17 @@ def test_an_operator_signs_in_through_the_provider(page, live_server, provider, 
     page.wait_for_url(f"{live_server.url}/")
     assert page.locator(".who").inner_text() == "alice · operator"
     shot(page, "oidc-signed-in")
+
+    # The acceptance's last step: the insights page, as this operator, on a desktop
+    # and on a phone (tests/test_browser_insights.py checks its figures and charts).
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"{live_server.url}/insights/")
+    assert page.get_by_role("heading", name="Insights").is_visible()
+    shot(page, "oidc-insights-desktop")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.reload()
+    widths = page.evaluate(
+        "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+    )
+    assert widths[0] <= widths[1], widths  # no sideways scrolling on the phone
+    shot(page, "oidc-insights-phone")
