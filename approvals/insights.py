@@ -14,7 +14,8 @@ query, whatever the number of rows:
 - escalated: the audit verb ``escalated`` (approvals/escalation.py);
 - drift holds: effects recorded with the hold ``key_drift`` (runs/policies.py);
 - duplicates prevented: calls answered from a keyed effect an earlier call had
-  already recorded (``prevented_duplicate``, as the tools page counts them): ``skip``
+  already recorded (``Call.prevented_duplicate``, set when the call is recorded by
+  ``runs.calls.prevents_duplicate``; the tools page counts the same): ``skip``
   (done: the call repeats one that ran) or ``wait`` (in flight for another attempt,
   or awaiting approval since an earlier call). The first call of an effect that
   needs approval is answered ``wait`` too, at its effect's creation: no duplicate.
@@ -22,7 +23,7 @@ query, whatever the number of rows:
 Each reads a partial index added for it (runs migration 0012) over the period, and
 each row's effect by its primary key: the audit figures ``audit_awaiting_at_idx``
 (events from or to awaiting_approval only), drift holds ``effect_held_created_idx``,
-duplicates ``call_replay_at_idx``.
+duplicates ``call_duplicate_at_idx`` (index only: it holds the duplicates alone).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from django.db.models import (
 )
 
 from approvals.escalation import VERB as ESCALATED
-from runs.models import Action, AuditEvent, Call, Effect, EffectStatus
+from runs.models import AuditEvent, Call, Effect, EffectStatus
 from runs.policies import HOLD_KEY_DRIFT
 
 AWAITING = EffectStatus.AWAITING_APPROVAL
@@ -167,19 +168,9 @@ def drift_holds(period: Period) -> dict[str, int]:
     return _count_by_tool(held.filter(hold__reason=HOLD_KEY_DRIFT), "tool")
 
 
-def prevented_duplicate() -> Q:
-    """A call that a key kept from doing its effect again: answered ``skip`` or
-    ``wait`` on a keyed effect recorded before the call (the call that records an
-    awaiting effect waits too, and is no duplicate). The tools page counts it too."""
-    return Q(
-        action__in=(Action.SKIP, Action.WAIT),
-        effect__key__isnull=False,
-        at__gt=F("effect__created_at"),
-    )
-
-
 def duplicates_prevented(period: Period) -> dict[str, int]:
-    return _count_by_tool(Call.objects.filter(_in(period), prevented_duplicate()), "tool")
+    # prevented_duplicate: the condition of call_duplicate_at_idx (runs/calls.py sets it).
+    return _count_by_tool(Call.objects.filter(_in(period), prevented_duplicate=True), "tool")
 
 
 def _rate(row: dict) -> float | None:

@@ -22,7 +22,6 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import trigger_client_event
 
 from approvals.forms import PolicyForm
-from approvals.insights import prevented_duplicate
 from approvals.views import base_context
 from runs.models import (
     AuditEvent,
@@ -81,14 +80,13 @@ def journal_counts(tools: list[Tool]) -> dict[tuple[Any, str], dict[str, int]]:
         for name, value in values.items():
             row[name] += value
 
-    replay = prevented_duplicate()
     calls = (
         Call.objects.filter(run__agent_id__in=agents, tool__in=names)
         .values("run__agent_id", "tool")
         .annotate(
             n=Count("pk"),
             reads=Count("pk", filter=Q(kind=CallKind.READ)),
-            duplicates=Count("pk", filter=replay),
+            duplicates=Count("pk", filter=Q(prevented_duplicate=True)),
         )
         .order_by()
     )

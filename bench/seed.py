@@ -1,11 +1,11 @@
 """Seed a migrated PostgreSQL database with a journal at scale, with COPY.
 
 At scale 1: 100,000 running runs plus 5,000 stopped or finished ones (the queue's
-and the runs page's), 10 effects and 30 calls per run (1.05 M effects, 3.15 M
-calls), an argument version and an audit event per effect, 3,000 effects awaiting
-approval and 500 whose outcome is unknown. Rows go in through psycopg 3's
-``cursor.copy()`` in the text format, generated as strings: the ORM would take an
-hour, COPY takes minutes. Foreign-key triggers are off while copying
+and the runs page's), 10 effects and 30 calls per run (1.05 M effects, 3.16 M
+calls: every 10th run repeats a keyed call), an argument version and an audit
+event per effect, 3,000 effects awaiting approval and 500 whose outcome is unknown.
+Rows go in through psycopg 3's ``cursor.copy()`` in the text format, generated as
+strings: the ORM would take an hour, COPY takes minutes. Foreign-key triggers are off while copying
 (``session_replication_role = replica``): the generator keeps the references
 right, and checking 5 M of them row by row would double the time.
 
@@ -28,6 +28,9 @@ BENCH_TOKEN = "ss_bench-token-not-a-secret-0123456789abcdef"
 AGENTS = 50
 EFFECTS_PER_RUN = 10
 READS_PER_EFFECT = 2  # 10 effect calls + 20 reads = 30 calls per run
+# Every 10th run repeats its first effect's call, which its key answers skip (a
+# prevented duplicate, for the tools and insights pages).
+REPLAY_EVERY = 10
 CHUNK = 20_000
 TOOLS = ("email.send", "crm.update", "billing.refund", "slack.post", "calendar.invite")
 WORDS = ("invoice", "onboarding", "refund", "newsletter", "migration", "support", "renewal")
@@ -127,7 +130,7 @@ def seed(dsn: str, scale: float, *, seed_value: int = 7, log=print) -> Seeded:
             cur,
             "runs_call",
             "id, attempt_number, seq, tool, kind, args, args_hash, action, at, attempt_id,"
-            " effect_id, run_id",
+            " effect_id, run_id, prevented_duplicate",
         )
         version_rows = _Buffered(
             cur,
@@ -193,7 +196,7 @@ def seed(dsn: str, scale: float, *, seed_value: int = 7, log=print) -> Seeded:
                     seq += 1
                     call_rows.add(
                         f'{uuid.uuid4()}\t1\t{seq}\tsearch.lookup\tread\t{{"q": {r}}}'
-                        f"\t{'0' * 64}\texecute\t{_ts(at)}\t{attempt_id}\t{null}\t{run_id}\n"
+                        f"\t{'0' * 64}\texecute\t{_ts(at)}\t{attempt_id}\t{null}\t{run_id}\tf\n"
                     )
                 seq += 1
                 effect_id = str(uuid.uuid4())
@@ -230,8 +233,16 @@ def seed(dsn: str, scale: float, *, seed_value: int = 7, log=print) -> Seeded:
                 )
                 call_rows.add(
                     f"{call_id}\t1\t{seq}\t{tool}\teffect\t{args}\t{digest}\t{action}\t{_ts(at)}"
-                    f"\t{attempt_id}\t{effect_id}\t{run_id}\n"
+                    f"\t{attempt_id}\t{effect_id}\t{run_id}\tf\n"
                 )
+                if j == 0 and i % REPLAY_EVERY == 0:
+                    # The run asked for its first effect again: its key answered skip.
+                    seq += 1
+                    call_rows.add(
+                        f"{uuid.uuid4()}\t1\t{seq}\t{tool}\teffect\t{args}\t{digest}\tskip"
+                        f"\t{_ts(at + timedelta(seconds=5))}\t{attempt_id}\t{effect_id}"
+                        f"\t{run_id}\tt\n"
+                    )
                 version_id += 1
                 version_rows.add(
                     f"{version_id}\t1\t{args}\t{digest}\tagent:bench-agent-{agent_index:02d}\tt"

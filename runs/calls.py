@@ -247,12 +247,23 @@ def record_call(
             action = _act_on_status(effect, run, attempt, actor, now)
         call.effect = effect
         call.action = action
+        call.prevented_duplicate = prevents_duplicate(created, action)
         call.save(force_insert=True)
         # A new effect's arguments are its version 1 (adopted); a replay with other
         # arguments is a version too, adopted or kept as drift.
         if version_adopted is not None:
             add_version(effect, actor, now, adopted=version_adopted, call=call)
     return Recorded(call, action, effect)
+
+
+def prevents_duplicate(created: bool, action: str) -> bool:
+    """A call that a key kept from doing its effect again: it found an effect an
+    earlier call recorded (only a key finds one: an unkeyed call always creates its
+    effect) and was answered ``skip`` (the effect ran) or ``wait`` (in flight for
+    another attempt, or awaiting approval). The call that records an effect waits for
+    its approval too, and is no duplicate. Stored on the call
+    (``Call.prevented_duplicate``) for the tools and insights pages."""
+    return not created and action in (Action.SKIP, Action.WAIT)
 
 
 def _record_creation(

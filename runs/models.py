@@ -456,6 +456,13 @@ class Call(models.Model):
         Effect, null=True, blank=True, on_delete=models.CASCADE, related_name="calls"
     )
     at = models.DateTimeField()
+    # Set once, when the call is recorded (runs/calls.py): the call found a keyed
+    # effect an earlier call had recorded and was answered skip or wait, so its key
+    # kept the effect from happening again. Stored rather than derived by joining
+    # each call to its effect, so the insights page counts a period's duplicates from
+    # one small partial index (a million-call join took half a second). db_default:
+    # rows copied in without it (bench/seed.py) are not duplicates.
+    prevented_duplicate = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         ordering = ["attempt_number", "seq"]
@@ -465,12 +472,12 @@ class Call(models.Model):
         indexes = [
             # The run page and the verdict: a run's journal in order.
             models.Index(fields=["run", "attempt_number", "seq"], name="call_run_order_idx"),
-            # The insights page: the period's calls answered from an existing effect
-            # (its duplicates prevented).
+            # The insights page: the period's duplicates prevented, by tool (an
+            # index-only scan: the index holds the duplicates only).
             models.Index(
-                fields=["at"],
-                name="call_replay_at_idx",
-                condition=Q(action__in=["skip", "wait"]),
+                fields=["at", "tool"],
+                name="call_duplicate_at_idx",
+                condition=Q(prevented_duplicate=True),
             ),
         ]
 

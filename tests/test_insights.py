@@ -4,10 +4,12 @@ filter, who may see it, and a query count that does not grow with the data."""
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -16,7 +18,7 @@ from lifecycle_helpers import send, start
 from approvals.decisions import approve_effect, reject_effect
 from approvals.escalation import escalate
 from approvals.insights import Period, _percentile, decision_figures, insights
-from runs.models import Tool, ToolPolicy
+from runs.models import Call, Tool, ToolPolicy
 from runs.outcomes import complete_effect
 from runs.registry import declare_tools
 
@@ -244,3 +246,30 @@ def test_the_page_makes_as_many_queries_with_more_data(
 
     assert len(page.context["tools"]) == 1 + 1 + 6 + 1
     assert len(page.context["operators"]) == 2
+
+
+@pytest.fixture
+def immediate_constraints():
+    """Foreign keys checked at once, so the journal's rows leave no pending trigger
+    event on runs_call: PostgreSQL refuses to alter a table that has one, and the
+    migration test below drops and adds a column of it inside the test's transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+
+
+def test_the_migration_marks_past_calls_as_the_record_time_rule_does(
+    immediate_constraints, journal
+):
+    """runs 0013 adds Call.prevented_duplicate and fills it for the calls recorded
+    before it: it must give every call the flag record_call gives it now."""
+    flags = dict(Call.objects.values_list("pk", "prevented_duplicate"))
+    # The journal has both kinds: a skip and waits that repeat a keyed call, and the
+    # waits of the calls that created their awaiting effect.
+    assert sorted(Counter(flags.values()).items()) == [(False, len(flags) - 3), (True, 3)]
+    executor = MigrationExecutor(connection)
+    executor.migrate([("runs", "0012_insights_indexes")])
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())
+
+    assert dict(Call.objects.values_list("pk", "prevented_duplicate")) == flags
