@@ -226,27 +226,25 @@ def render_message(effect: Effect, purpose: str) -> tuple[str, list[dict]]:
 
 # --- Which changes a message shows --------------------------------------------------
 #
-# One rule, said twice: in Python for the receiver of each new audit event, as a
-# query for the periodic collect. A change into, out of or within awaiting approval,
-# any person's decision, and an escalation; not the agent's claims and results after
-# an approval, which would cost an update each and change nothing a decider needs.
+# A change into, out of or within awaiting approval, any person's decision, and an
+# escalation; not the agent's claims and results after an approval, which would cost
+# an update each and change nothing a decider needs. One table, read two ways: in
+# Python by the receiver of each new audit event, as a query by the periodic collect.
+SHOWN_CHANGES = {
+    "old_status": EffectStatus.AWAITING_APPROVAL,
+    "new_status": EffectStatus.AWAITING_APPROVAL,
+    "actor_kind": "operator",
+    "verb": "escalated",
+}
 
 
 def changes_a_message(event: AuditEvent) -> bool:
-    return event.effect_id is not None and (
-        event.old_status == EffectStatus.AWAITING_APPROVAL
-        or event.new_status == EffectStatus.AWAITING_APPROVAL
-        or event.actor_kind == "operator"
-        or event.verb == "escalated"
+    return event.effect_id is not None and any(
+        getattr(event, field) == value for field, value in SHOWN_CHANGES.items()
     )
 
 
-CHANGES_A_MESSAGE = Q(effect__isnull=False) & (
-    Q(old_status=EffectStatus.AWAITING_APPROVAL)
-    | Q(new_status=EffectStatus.AWAITING_APPROVAL)
-    | Q(actor_kind="operator")
-    | Q(verb="escalated")
-)
+CHANGES_A_MESSAGE = Q(effect__isnull=False) & Q(*SHOWN_CHANGES.items(), _connector=Q.OR)
 
 
 def sync_after_commit(sender, instance: AuditEvent, created: bool, **kwargs) -> None:

@@ -15,9 +15,9 @@ from django.utils import timezone
 
 from approvals.decisions import approve_effect, reject_effect
 from approvals.models import SlackMessage
-from approvals.slack import enqueue_sync, sync_slack
+from approvals.slack import CHANGES_A_MESSAGE, changes_a_message, enqueue_sync, sync_slack
 from runs.audit import SYSTEM, record_event
-from runs.models import Effect, TaskState
+from runs.models import AuditEvent, Effect, TaskState
 from startsafe.settings import _slack_settings
 from tests.lifecycle_helpers import send
 from tests.slack_fake import CHANNEL, ESCALATION_CHANNEL, FakeSlack
@@ -274,3 +274,31 @@ def test_half_a_slack_configuration_is_refused_at_the_start(monkeypatch, env):
         monkeypatch.setenv(name, value)
     with pytest.raises(ImproperlyConfigured):
         _slack_settings()
+
+
+# (verb, actor kind, old status, new status) → whether a message shows the change.
+SHOWN = [
+    ("recorded", "agent", "", "awaiting_approval", True),  # it starts to await
+    ("expired", "system", "awaiting_approval", "expired", True),  # it stops awaiting
+    ("args_edited", "operator", "awaiting_approval", "awaiting_approval", True),
+    ("released", "operator", "unknown", "pending", True),  # any person's decision
+    ("escalated", "system", "", "", True),
+    ("claimed", "agent", "approved", "in_flight", False),  # the agent's work after it
+    ("completed", "agent", "in_flight", "done", False),
+]
+
+
+@pytest.mark.parametrize(("verb", "kind", "old", "new", "shown"), SHOWN)
+def test_which_changes_a_message_shows_is_one_rule_in_python_and_in_sql(
+    agent, verb, kind, old, new, shown
+):
+    effect = _awaiting(agent)
+    event = AuditEvent.objects.create(
+        at=timezone.now(), actor="x", actor_kind=kind, verb=verb, effect=effect,
+        old_status=old, new_status=new,
+    )  # fmt: skip
+
+    assert changes_a_message(event) is shown
+    assert AuditEvent.objects.filter(CHANGES_A_MESSAGE, pk=event.pk).exists() is shown
+    event.effect = None  # an event of no effect changes no message
+    assert not changes_a_message(event)
