@@ -7,6 +7,7 @@ the run first, then the effect.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -214,17 +215,14 @@ def record_call(
         opening = gate(effective, **gated)
         effect, created, last_seq = _find_or_create_effect(
             agent,
-            run,
-            attempt,
             attempt_id,
-            tool,
             key,
-            key_source,
-            args,
-            digest,
-            declared,
-            opening,
+            tool,
+            run,
             now,
+            lambda: _new_effect(
+                agent, run, attempt, tool, key, key_source, args, digest, declared, opening, now
+            ),
         )
         call.seq = _next_seq(attempt_id) if last_seq is None else last_seq + 1
         if created:
@@ -320,21 +318,17 @@ def _record_creation(
 
 def _find_or_create_effect(
     agent: Agent,
-    run: Run,
-    attempt: int,
     attempt_id: Any,
-    tool: str,
     key: str | None,
-    key_source: str | None,
-    args: dict,
-    digest: str,
-    declared: dict,
-    opening: Gate,
+    tool: str,
+    run: Run,
     now: datetime,
+    new_effect: Callable[[], Effect],
 ) -> tuple[Effect, bool, int | None]:
     """The effect a call names (the existing one for its key, locked, or a new one),
     whether it is new, and for a key the attempt's last seq (0 for none), which
-    the locked read brings along (``_last_seq``: one query fewer).
+    the locked read brings along (``_last_seq``: one query fewer). ``new_effect``
+    makes the call's new effect, unsaved (``_new_effect``).
 
     A key is inserted, or its effect read under lock (``insert_or_lock_winner``);
     the same read says whether the key has a tombstone. A new key with a tombstone
@@ -343,9 +337,7 @@ def _find_or_create_effect(
     insert, so it also sees the tombstone of a prune that deleted the key's old
     effect while the insert waited on it.
     """
-    effect = _new_effect(
-        agent, run, attempt, tool, key, key_source, args, digest, declared, opening, now
-    )
+    effect = new_effect()
     if key is None:
         effect.save(force_insert=True)
         return effect, True, None
@@ -367,10 +359,7 @@ def _find_or_create_effect(
     if restored is not None:
         return restored, False, last_seq
     # A tombstone of a key that never ran: the call declares a fresh effect.
-    effect = _new_effect(
-        agent, run, attempt, tool, key, key_source, args, digest, declared, opening, now
-    )
-    return (*insert_or_lock_winner(effect, same_key), last_seq)
+    return (*insert_or_lock_winner(new_effect(), same_key), last_seq)
 
 
 def _new_effect(
