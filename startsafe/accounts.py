@@ -14,8 +14,10 @@ from django.conf import settings
 from django.contrib.auth import urls as auth_urls
 from django.contrib.auth import views as auth_views
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, HttpResponseRedirect
 from django.urls import path
+
+from startsafe.oidc import provider_logout_url
 
 # Django's backends that keep a message on this machine (the console backend is
 # startsafe's default; Django's test runner uses the in-memory one).
@@ -67,13 +69,26 @@ class LoginView(auth_views.LoginView):
         return context
 
 
+class LogoutView(auth_views.LogoutView):
+    """Django's sign-out; a user who signed in through the OpenID Connect provider
+    goes on to the provider's sign-out (startsafe/oidc.py, ``provider_logout_url``),
+    which sends them back to the sign-in page."""
+
+    def post(self, request, *args, **kwargs):
+        at_provider = provider_logout_url(request)  # the session is flushed below
+        response = super().post(request, *args, **kwargs)
+        return HttpResponseRedirect(at_provider) if at_provider else response
+
+
 def _accounts_urls():
     """Django's account addresses (django.contrib.auth.urls), each kept as it is,
-    except the sign-in page (it knows whether to offer a reset) and the four reset
-    pages (404 without e-mail)."""
+    except the sign-in page (it knows whether to offer a reset), the sign-out (it
+    signs out at the provider too) and the four reset pages (404 without e-mail)."""
     for pattern in auth_urls.urlpatterns:
         if pattern.name == "login":
             yield path(str(pattern.pattern), LoginView.as_view(), name=pattern.name)
+        elif pattern.name == "logout":
+            yield path(str(pattern.pattern), LogoutView.as_view(), name=pattern.name)
         elif pattern.name.startswith("password_reset"):
             yield path(str(pattern.pattern), _only_with_email(pattern.callback), name=pattern.name)
         else:

@@ -18,12 +18,19 @@ request). What startsafe decides here:
    answer's, which wins) mapped to the operators and admins groups by the
    ``OIDC_*_GROUPS`` settings; a group the provider no longer lists is removed. A
    user in none of the mapped groups (viewer, operator or admin) is refused.
+5. Sign-out. A user who signed in through the provider is sent on to its
+   ``end_session_endpoint`` (OpenID Connect RP-Initiated Logout 1.0) with the ID
+   token the sign-in kept in the session (``OIDC_STORE_ID_TOKEN``), so the
+   provider's session ends too: otherwise "Sign in with …" on a shared computer
+   signs the same person in again without asking. A provider without the endpoint
+   only loses startsafe's session.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from urllib.parse import urlencode
 
 import jwt
 import requests
@@ -31,7 +38,8 @@ from django.conf import settings
 from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied, SuspiciousOperation
 from django.db import transaction
-from django.http import Http404
+from django.http import Http404, HttpRequest
+from django.shortcuts import resolve_url
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from mozilla_django_oidc.utils import import_from_settings
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
@@ -79,6 +87,30 @@ def setting(attr: str, *args):
     if attr in _CLIENT:
         return config[_CLIENT[attr]]
     return import_from_settings(attr, *args)
+
+
+def provider_logout_url(request: HttpRequest) -> str | None:
+    """Where to send a user who signs out so the provider's session ends too, or None
+    (a local sign-in, OIDC off, or a provider without an ``end_session_endpoint``).
+    Read before the sign-out flushes the session that holds the ID token."""
+    id_token = request.session.get("oidc_id_token")
+    if not id_token or not is_on():
+        return None
+    try:
+        endpoint = discover(settings.STARTSAFE["OIDC_ISSUER"]).get("end_session_endpoint")
+    except (requests.RequestException, ValueError, PermissionDenied) as exc:
+        log.warning("oidc discovery failed at sign-out: %s", exc)
+        return None
+    if not endpoint:
+        return None
+    query = {
+        "id_token_hint": id_token,
+        "client_id": settings.STARTSAFE["OIDC_CLIENT_ID"],
+        "post_logout_redirect_uri": request.build_absolute_uri(
+            resolve_url(settings.LOGOUT_REDIRECT_URL)
+        ),
+    }
+    return f"{endpoint}?{urlencode(query)}"
 
 
 def role_groups(claims: dict) -> set[str] | None:

@@ -506,6 +506,8 @@ AUTHENTICATION_BACKENDS = [
 OIDC_RP_SIGN_ALGO = "RS256"  # the provider's keys from its JWKS, never a shared secret
 OIDC_RP_SCOPES = "openid email profile"
 OIDC_USE_NONCE = True
+# Kept in the session for the provider's sign-out (startsafe/oidc.py, id_token_hint).
+OIDC_STORE_ID_TOKEN = True
 # PKCE as well as the client secret (RFC 9700): every provider in docs/oidc.md has it.
 OIDC_USE_PKCE = True
 OIDC_TIMEOUT = 10

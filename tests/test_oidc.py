@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from urllib.parse import parse_qs, urljoin, urlsplit
 
@@ -39,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CLIENT_ID = "startsafe-test"
 CLIENT_SECRET = "provider-side-secret-for-the-test"
 REDIRECT_URI = "http://testserver/oidc/callback/"
+SIGNED_OUT_URI = "http://testserver/accounts/login/"
 AXES = "axes.backends.AxesStandaloneBackend"
 OIDC = "startsafe.oidc.Backend"
 PASSWORDS = "django.contrib.auth.backends.ModelBackend"
@@ -70,6 +72,7 @@ class Provider:
             "OIDC_PROVIDER_CLIENT_ID": CLIENT_ID,
             "OIDC_PROVIDER_CLIENT_SECRET": CLIENT_SECRET,
             "OIDC_PROVIDER_REDIRECT_URI": REDIRECT_URI,
+            "OIDC_PROVIDER_LOGOUT_REDIRECT_URI": SIGNED_OUT_URI,
         }
         self.django("migrate", "--verbosity=0")
         self.shell((ROOT / "tests/oidc_provider/setup.py").read_text())
@@ -136,9 +139,13 @@ def oidc(settings, provider):
     return provider
 
 
-def sign_in_with_provider(client: Client, provider: Provider, password="provider-password"):
+def sign_in_with_provider(
+    client: Client, provider: Provider, password="provider-password", browser=None
+):
     """The authorization code flow: startsafe sends the browser to the provider, the
-    user signs in there, the provider sends the browser back to /oidc/callback/."""
+    user signs in there, the provider sends the browser back to /oidc/callback/.
+    ``browser``: the httpx client that keeps the provider's cookies (a new one by
+    default)."""
     start = client.get("/accounts/login/")
     assert 'href="/oidc/authenticate/">Sign in with Test IdP</a>' in start.content.decode()
     to_provider = client.get("/oidc/authenticate/")
@@ -147,7 +154,7 @@ def sign_in_with_provider(client: Client, provider: Provider, password="provider
     assert authorize.startswith(f"{provider.issuer}/authorize/")
     query = parse_qs(urlsplit(authorize).query)
     assert query["code_challenge_method"] == ["S256"] and query["nonce"][0]
-    with httpx.Client() as browser:
+    with nullcontext(browser) if browser else httpx.Client() as browser:
         to_login = browser.get(authorize)
         assert to_login.status_code == 302
         login_url = urljoin(provider.url, to_login.headers["location"])
@@ -216,6 +223,42 @@ def test_the_group_claim_gives_the_role_and_losing_the_group_loses_it(oidc, prov
     assert "_auth_user_id" not in client.session
     assert AccessAttempt.objects.get(ip_address="127.0.0.1").failures_since_start == 1
     assert "did not sign you in" in client.get(refused["Location"]).content.decode()
+
+
+def test_signing_out_ends_the_providers_session_too(oidc, provider):
+    """RP-initiated logout: startsafe's sign-out sends the browser to the provider's
+    end_session_endpoint with the ID token, the provider ends its session and sends
+    the browser back to the sign-in page; the next sign-in asks for the password."""
+    client = Client()
+    with httpx.Client() as browser:
+        assert sign_in_with_provider(client, provider, browser=browser)["Location"] == "/"
+        id_token = client.session["oidc_id_token"]
+
+        out = client.post("/accounts/logout/")
+
+        assert out.status_code == 302 and "_auth_user_id" not in client.session
+        end_session = discover(provider.issuer)["end_session_endpoint"]
+        assert out["Location"].startswith(end_session + "?")
+        assert query_string_of(out["Location"]) == {
+            "id_token_hint": id_token,
+            "client_id": CLIENT_ID,
+            "post_logout_redirect_uri": SIGNED_OUT_URI,
+        }
+        at_provider = browser.get(out["Location"])
+        assert (at_provider.status_code, at_provider.headers["location"]) == (302, SIGNED_OUT_URI)
+        # The provider asks for the password again: its session is gone.
+        again = browser.get(client.get("/oidc/authenticate/")["Location"])
+        assert again.status_code == 302 and "/accounts/login/" in again.headers["location"]
+
+
+def test_a_local_users_sign_out_stays_here(oidc, operator):
+    client = Client()
+    client.force_login(operator)
+
+    out = client.post("/accounts/logout/")
+
+    assert (out.status_code, out["Location"]) == (302, "/accounts/login/")
+    assert "_auth_user_id" not in client.session
 
 
 def _token(provider: Provider, key=None, **claims) -> str:

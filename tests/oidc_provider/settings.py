@@ -38,6 +38,11 @@ LOGIN_URL = "/accounts/login/"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # test speed only
 OAUTH2_PROVIDER = {
     "OIDC_ENABLED": True,
+    # The end_session_endpoint startsafe's sign-out sends the browser to; without a
+    # page asking "sign out of the provider too?" (the provider's choice; the test
+    # provider has no template for it).
+    "OIDC_RP_INITIATED_LOGOUT_ENABLED": True,
+    "OIDC_RP_INITIATED_LOGOUT_ALWAYS_PROMPT": False,
     "OIDC_ISS_ENDPOINT": os.environ["OIDC_PROVIDER_ISSUER"],
     "OIDC_RSA_PRIVATE_KEY": os.environ["OIDC_PROVIDER_KEY"],
     "OAUTH2_VALIDATOR_CLASS": "tests.oidc_provider.validator.GroupsValidator",

@@ -16,6 +16,7 @@ Application.objects.create(
     client_type=Application.CLIENT_CONFIDENTIAL,
     authorization_grant_type=Application.GRANT_AUTHORIZATION_CODE,
     redirect_uris=os.environ["OIDC_PROVIDER_REDIRECT_URI"],
+    post_logout_redirect_uris=os.environ["OIDC_PROVIDER_LOGOUT_REDIRECT_URI"],
     algorithm=Application.RS256_ALGORITHM,
     skip_authorization=True,
 )
