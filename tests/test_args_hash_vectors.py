@@ -43,6 +43,11 @@ VECTORS = [
 IDS = [vector[0] for vector in VECTORS]
 
 
+def test_every_shared_vector_is_run_here():
+    # clients/typescript/test/canonical.test.ts asserts the same 5 + 3.
+    assert (len(VECTORS), len(API_BODIES)) == (5, 3)
+
+
 @pytest.mark.parametrize(("name", "args", "canonical", "digest"), VECTORS, ids=IDS)
 def test_args_hash_is_the_sha256_of_the_rfc_8785_canonical_json(name, args, canonical, digest):
     assert hashlib.sha256(canonical.encode()).hexdigest() == digest  # the table itself
