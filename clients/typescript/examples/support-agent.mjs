@@ -35,9 +35,9 @@ import { z } from "zod";
 import {
   AlreadyRunning,
   Client,
+  NotPerformed,
   Reconciliation,
   RestartBlocked,
-  NotPerformed,
   RunFinished,
   contentKey,
   contentKeyOfFile,

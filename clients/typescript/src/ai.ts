@@ -54,7 +54,7 @@
  */
 
 import { asSchema } from "ai";
-import type { JSONValue, Tool, ToolExecutionOptions, ToolSet } from "ai";
+import type { InferToolInput, JSONValue, Tool, ToolExecutionOptions, ToolSet } from "ai";
 
 import {
   ApprovalTimeout,
@@ -67,8 +67,11 @@ import {
 } from "./index.js";
 import type { Args, Run, ToolSpec } from "./index.js";
 
-/** The specs of some of the tools, by tool name: {@link read} or {@link effect}. */
-export type Specs<TOOLS extends ToolSet> = { [NAME in keyof TOOLS]?: ToolSpec<any> };
+/**
+ * The tools' declarations by tool name: `read()` or `effect({...})`, whose key rule,
+ * preview and lookup receive the tool's input as its `inputSchema` types it.
+ */
+export type Specs<TOOLS extends ToolSet> = { [NAME in keyof TOOLS]?: ToolSpec<InferToolInput<TOOLS[NAME]>> };
 
 /**
  * Thrown by {@link JournaledTools.throwIfUnfinished}: decisions wait for a person.
@@ -100,18 +103,28 @@ export class JournaledTools<TOOLS extends ToolSet> {
    * attempt was superseded, the server could not be reached).
    */
   readonly stopped: unknown[] = [];
-
   /**
    * A `stopWhen` condition for the SDK's loop: stop once a call {@link stopped}, so the
    * model acts no further in an attempt that must end.
    */
   readonly stopWhen = (): boolean => this.stopped.length > 0;
 
+  private readonly run: Run;
+  private declared: Promise<void> | null = null;
+  private readonly journaledTools: [string, Tool, ToolSpec<any>][] = [];
+
   constructor(run: Run, tools: TOOLS, specs: Specs<TOOLS>) {
+    this.run = run;
     const wrapped: Record<string, Tool> = {};
     for (const [name, tool] of Object.entries(tools)) {
-      const spec = specs[name] ?? effect();
-      wrapped[name] = tool.execute && tool.type !== "provider" ? this.wrap(run, name, tool, spec) : tool;
+      // Nothing runs here for a tool the application or the provider answers.
+      if (!tool.execute || tool.type === "provider") {
+        wrapped[name] = tool;
+        continue;
+      }
+      const spec: ToolSpec<any> = specs[name] ?? effect();
+      this.journaledTools.push([name, tool, spec]);
+      wrapped[name] = this.wrap(name, tool, spec);
     }
     this.tools = wrapped as TOOLS;
   }
@@ -122,49 +135,61 @@ export class JournaledTools<TOOLS extends ToolSet> {
     if (this.waiting.length > 0) throw new NeedsPerson(this.waiting);
   }
 
-  private wrap(run: Run, name: string, tool: Tool, spec: ToolSpec<any>): Tool {
-    const execute = tool.execute!;
-    const blocked = new Set<string>(); // tool call ids whose result is a rejection's text
-    const journal = this;
+  /**
+   * Before the first call: the tools' declarations, with their input's JSON Schema,
+   * become the client's, so the run declares them (once per process) before its call.
+   */
+  private declare(): Promise<void> {
+    this.declared ??= (async () => {
+      const declarations = await Promise.all(
+        this.journaledTools.map(async ([name, tool, spec]) => spec.declaration(name, await jsonSchemaOf(tool))),
+      );
+      this.run.client.adopt(declarations);
+    })();
+    return this.declared;
+  }
 
-    async function journaledExecute(input: unknown, options: ToolExecutionOptions): Promise<unknown> {
-      let toolError: { error: unknown } | null = null; // what the tool itself threw
+  /** The tool as the model sees it, its `execute` journaled (see the module's doc). */
+  private wrap(name: string, tool: Tool, spec: ToolSpec<any>): Tool {
+    const execute = tool.execute!;
+    const blocked = new Set<string>(); // the calls whose result is a rejection's text
+
+    const journaledExecute = async (input: unknown, options: ToolExecutionOptions): Promise<unknown> => {
+      let toolThrew = false; // whether an error came from the tool itself, not the journal
       const perform = async (given: Args): Promise<unknown> => {
         try {
           if (spec.kind === "read") return await execute(given as never, options);
-          // The effect's recorded arguments (an operator may have edited them), as the SDK
-          // would have checked the model's: arguments that do not fit were never sent.
+          // The effect's recorded arguments (an operator may have edited them), checked
+          // as the SDK checked the model's: arguments that do not fit were never sent.
           return await lastOf(execute((await fitting(tool, name, given)) as never, options));
         } catch (error) {
-          toolError = { error };
+          toolThrew = true;
           throw error;
         }
       };
       try {
-        return await run.callSpec(name, spec, input as Args, perform);
+        await this.declare();
+        return await this.run.callSpec(name, spec, input as Args, perform);
       } catch (error) {
         if (error instanceof EffectBlocked) {
           blocked.add(options.toolCallId);
           return error.forModel;
         }
         if (error instanceof ApprovalTimeout || error instanceof OutcomeUnknown) {
-          journal.waiting.push(error);
+          this.waiting.push(error);
           throw new Error(error.forModel, { cause: error });
         }
         if (error instanceof KeyRefused) throw new Error(error.forModel, { cause: error });
-        if (toolError !== null && (spec.kind === "read" || spec.performedNothing(error))) throw error;
-        journal.stopped.push(error);
-        if (toolError !== null) {
-          // Unreported: the next attempt reconciles it, or a person decides.
-          const why = error instanceof Error ? error.message : String(error);
-          throw new Error(
-            `${name} failed after it may have acted (${why}); its outcome is unknown: do not call it again`,
-            { cause: error },
-          );
-        }
-        throw error;
+        if (toolThrew && (spec.kind === "read" || spec.performedNothing(error))) throw error;
+        this.stopped.push(error);
+        if (!toolThrew) throw error;
+        // Unreported: the next attempt reconciles it, or a person decides.
+        const why = error instanceof Error ? error.message : String(error);
+        throw new Error(`${name} failed after it may have acted (${why}); its outcome is unknown: do not call it again`, {
+          cause: error,
+        });
       }
-    }
+    };
 
     const toModelOutput = tool.toModelOutput;
     return {
@@ -212,6 +237,15 @@ async function fitting(tool: Tool, name: string, args: Args): Promise<unknown> {
   const checked = await schema.validate(args);
   if (checked.success) return checked.value;
   throw new NotPerformed(`${name}: the arguments do not fit the tool's input schema: ${checked.error.message}`);
+}
+
+/** The JSON Schema of the tool's input, where the SDK can tell it (else none is declared). */
+async function jsonSchemaOf(tool: Tool): Promise<Record<string, unknown> | null> {
+  try {
+    return (await asSchema(tool.inputSchema).jsonSchema) as Record<string, unknown>;
+  } catch {
+    return null;
+  }
 }
 
 /** A tool's output: its value, or the last one it streams (the SDK's preliminary results). */
