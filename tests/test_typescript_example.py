@@ -1,5 +1,11 @@
-"""The TypeScript example on the Vercel AI SDK, end to end: crash it after each effect,
-start it again, let a person decide, and count: every effect is in the ledger once.
+"""The Vercel AI SDK adapter (``startsafe-client/ai``) and its example, against a live server.
+
+The adapter's own tests (``clients/typescript/test/ai.test.ts``, Node's test runner)
+drive the SDK's loop with its mock model; an operator signs in to the console over
+HTTP and decides while a call waits.
+
+The example, end to end: crash it after each effect, start it again, let a person
+decide, and count: every effect is in the ledger once.
 
 ``clients/typescript/examples/support-agent.mjs`` runs as a Node subprocess against a
 live server: ``generateText`` with the SDK's mock model (``ai/test``), seeded so that
@@ -17,6 +23,7 @@ once, and the campaign ran with the operator's arguments, not the model's.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -41,6 +48,40 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 CRASHED, NEEDS_PERSON = 137, 3
 EDITED = {"subject": "Winter sale: 20% off (checked by marketing)", "recipients": 200}
+
+
+@pytest.fixture(scope="session")
+def built_package() -> Path:
+    """The package and its tests, built once per session from the committed lock file."""
+    for command in (
+        ["npm", "ci", "--no-audit", "--no-fund"],
+        ["npm", "run", "build"],
+        ["npx", "tsc", "-p", "tsconfig.test.json"],
+    ):
+        done = subprocess.run(command, cwd=PACKAGE, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, f"{' '.join(command)}: {done.stdout}{done.stderr}"
+    return PACKAGE
+
+
+def test_the_adapter_on_the_sdks_loop(built_package, live_server, agent, operator):
+    env = {
+        **os.environ,
+        "STARTSAFE_URL": live_server.url,
+        "STARTSAFE_TOKEN": agent.token,
+        "STARTSAFE_OPERATOR": operator.username,
+        "STARTSAFE_OPERATOR_PASSWORD": "pw-" + operator.username,  # conftest's password
+    }
+    done = subprocess.run(
+        ["node", "--test", "dist-test/ai.test.js"],
+        cwd=built_package,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "# fail 0" in done.stdout and "# skipped 0" in done.stdout, done.stdout
 
 
 def _command(live_server, agent, ledger_path: Path, *extra: str) -> list[str]:

@@ -112,13 +112,18 @@ describe("startsafe-client/ai", { skip: !live && "no live server (run from tests
     const model = scripted(["send_campaign", campaign]);
     const options = await deciding((operator, w) => operator.reject(w.effectId, String(w.effect.args_hash), NOTE));
 
-    const { result, journal } = await attempt(client(options), `r-${randomUUID()}`, tools, specs, model);
+    const startsafe = client(options);
+    const { result, journal } = await attempt(startsafe, `r-${randomUUID()}`, tools, specs, model);
 
     assert.deepEqual(sent, []);
     assert.equal(result.steps[0]!.toolResults[0]!.output, `rejected by an operator: ${NOTE}`);
     // As text, not through the tool's own toModelOutput (which expects what it returns).
     assert.deepEqual(heard(model), [{ type: "text", value: `rejected by an operator: ${NOTE}` }]);
     assert.deepEqual([journal.waiting, journal.stopped], [[], []]);
+    // Declared before its first call with its input's JSON Schema, for the tools page.
+    const { items } = await startsafe.get("/tools");
+    const declared = items.find((t: { name: string }) => t.name === "send_campaign");
+    assert.deepEqual(Object.keys(declared.schema.properties).sort(), ["campaign_id", "recipients", "subject"]);
   });
 
   it("runs the tool with the arguments an operator edited, once, and a replay answers the recorded result", async () => {
