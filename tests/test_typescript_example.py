@@ -1,11 +1,5 @@
-"""The Vercel AI SDK adapter (``startsafe-client/ai``) and its example, against a live server.
-
-The adapter's own tests (``clients/typescript/test/ai.test.ts``, Node's test runner)
-drive the SDK's loop with its mock model; an operator signs in to the console over
-HTTP and decides while a call waits.
-
-The example, end to end: crash it after each effect, start it again, let a person
-decide, and count: every effect is in the ledger once.
+"""The TypeScript example on the Vercel AI SDK, end to end: crash it after each effect,
+start it again, let a person decide, and count: every effect is in the ledger once.
 
 ``clients/typescript/examples/support-agent.mjs`` runs as a Node subprocess against a
 live server: ``generateText`` with the SDK's mock model (``ai/test``), seeded so that
@@ -17,13 +11,14 @@ arguments, and after a run that stopped for a person it settles the unknown effe
 looking at the ledger (the provider), as the Python example's test does.
 
 The ledger the tools write (the Python example's format) holds each effect exactly
-once, and the campaign ran with the operator's arguments, not the model's.
+once, and the campaign ran with the operator's arguments, not the model's. The
+adapter's own tests (clients/typescript/test/ai.test.ts) run with the client's, from
+tests/test_typescript_client.py, whose build this test shares.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import time
@@ -43,45 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ledger  # noqa: E402
 from test_example_e2e import LEDGER_KIND, _settle_unknowns  # noqa: E402
+from test_typescript_client import built  # noqa: E402, F401 (the fixture: npm ci, tsc)
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 CRASHED, NEEDS_PERSON = 137, 3
 EDITED = {"subject": "Winter sale: 20% off (checked by marketing)", "recipients": 200}
-
-
-@pytest.fixture(scope="session")
-def built_package() -> Path:
-    """The package and its tests, built once per session from the committed lock file."""
-    for command in (
-        ["npm", "ci", "--no-audit", "--no-fund"],
-        ["npm", "run", "build"],
-        ["npx", "tsc", "-p", "tsconfig.test.json"],
-    ):
-        done = subprocess.run(command, cwd=PACKAGE, capture_output=True, text=True, check=False)
-        assert done.returncode == 0, f"{' '.join(command)}: {done.stdout}{done.stderr}"
-    return PACKAGE
-
-
-def test_the_adapter_on_the_sdks_loop(built_package, live_server, agent, operator):
-    env = {
-        **os.environ,
-        "STARTSAFE_URL": live_server.url,
-        "STARTSAFE_TOKEN": agent.token,
-        "STARTSAFE_OPERATOR": operator.username,
-        "STARTSAFE_OPERATOR_PASSWORD": "pw-" + operator.username,  # conftest's password
-    }
-    done = subprocess.run(
-        ["node", "--test", "dist-test/ai.test.js"],
-        cwd=built_package,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "# fail 0" in done.stdout and "# skipped 0" in done.stdout, done.stdout
 
 
 def _command(live_server, agent, ledger_path: Path, *extra: str) -> list[str]:
@@ -125,9 +87,10 @@ def _drive(command: list[str], operator, timeout: float = 60) -> tuple[int, str]
     return process.returncode, process.stdout.read()
 
 
+@pytest.mark.usefixtures("built")
 @pytest.mark.parametrize("crash_after", [1, 2, 3])
 def test_the_ai_sdk_example_survives_a_crash_after_each_effect_without_duplicates(
-    crash_after, built_package, live_server, agent, operator, tmp_path
+    crash_after, live_server, agent, operator, tmp_path
 ):
     ledger_path = tmp_path / "ledger.jsonl"
     command = _command(live_server, agent, ledger_path)
@@ -160,7 +123,8 @@ def test_the_ai_sdk_example_survives_a_crash_after_each_effect_without_duplicate
     # While the campaign waited, the run named its page in the console.
     campaign = Effect.objects.get(tool="send_campaign")
     page = f"{live_server.url}/effects/{campaign.id}/"
-    assert f"send_campaign: waiting (awaiting_approval) for a decision at {page}" in "".join(outputs)
+    said = f"send_campaign: waiting (awaiting_approval) for a decision at {page}"
+    assert said in "".join(outputs)
 
     # The answer: each effect exactly once in the ledger, the campaign as edited.
     counts = ledger.counts(ledger_path)

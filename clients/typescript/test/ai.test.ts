@@ -19,7 +19,7 @@ import type { ClientOptions, Run, Waiting } from "startsafe-client";
 import { NeedsPerson, journaled } from "startsafe-client/ai";
 import type { JournaledTools, Specs } from "startsafe-client/ai";
 
-import { Operator } from "./operator.js";
+import { Operator } from "./console.js";
 
 const env = process.env;
 const live = env["STARTSAFE_URL"] && env["STARTSAFE_TOKEN"] && env["STARTSAFE_OPERATOR"];
@@ -61,7 +61,7 @@ function heard(model: MockLanguageModelV3): unknown[] {
 /** The campaign tool, its sends kept in `sent`; the campaign id keys it, a person approves it. */
 function campaignTools(sent: Record<string, unknown>[]) {
   const tools = {
-    send_campaign: tool({
+    launch_campaign: tool({
       inputSchema: z.object({ campaign_id: z.string(), subject: z.string(), recipients: z.number().int() }),
       execute: async (args) => {
         sent.push(args);
@@ -72,7 +72,7 @@ function campaignTools(sent: Record<string, unknown>[]) {
     }),
   };
   const specs: Specs<typeof tools> = {
-    send_campaign: effect({ key: (a) => intentKey("campaign", { campaign_id: a.campaign_id }), approval: "required" }),
+    launch_campaign: effect({ key: (a) => intentKey("campaign", { campaign_id: a.campaign_id }), approval: "required" }),
   };
   return { tools, specs };
 }
@@ -109,7 +109,7 @@ describe("startsafe-client/ai", { skip: !live && "no live server (run from tests
     const sent: Record<string, unknown>[] = [];
     const { tools, specs } = campaignTools(sent);
     const campaign = { campaign_id: `c-${randomUUID()}`, subject: "20% off", recipients: 240 };
-    const model = scripted(["send_campaign", campaign]);
+    const model = scripted(["launch_campaign", campaign]);
     const options = await deciding((operator, w) => operator.reject(w.effectId, String(w.effect.args_hash), NOTE));
 
     const startsafe = client(options);
@@ -122,7 +122,7 @@ describe("startsafe-client/ai", { skip: !live && "no live server (run from tests
     assert.deepEqual([journal.waiting, journal.stopped], [[], []]);
     // Declared before its first call with its input's JSON Schema, for the tools page.
     const { items } = await startsafe.get("/tools");
-    const declared = items.find((t: { name: string }) => t.name === "send_campaign");
+    const declared = items.find((t: { name: string }) => t.name === "launch_campaign");
     assert.deepEqual(Object.keys(declared.schema.properties).sort(), ["campaign_id", "recipients", "subject"]);
   });
 
@@ -134,7 +134,7 @@ describe("startsafe-client/ai", { skip: !live && "no live server (run from tests
     const options = await deciding((operator, w) => operator.approve(w.effectId, String(w.effect.args_hash), edited));
     const runKey = `r-${randomUUID()}`;
 
-    const first = scripted(["send_campaign", campaign]);
+    const first = scripted(["launch_campaign", campaign]);
     const crashed = attempt(client(options), runKey, tools, specs, first, () => {
       throw new Error("the process dies after the call");
     });
@@ -143,7 +143,7 @@ describe("startsafe-client/ai", { skip: !live && "no live server (run from tests
     assert.deepEqual(heard(first), [{ type: "text", value: "sent WINTER SALE (CHECKED BY MARKETING)" }]);
 
     // The next attempt's model words it otherwise: the same campaign, not sent again.
-    const again = scripted(["send_campaign", { ...campaign, subject: "Our winter offer" }]);
+    const again = scripted(["launch_campaign", { ...campaign, subject: "Our winter offer" }]);
     const { result } = await attempt(client(), runKey, tools, specs, again);
     assert.deepEqual(sent, [edited]);
     assert.deepEqual(result.steps[0]!.toolResults[0]!.output, { sent: edited.subject, to: 200 });
@@ -156,14 +156,14 @@ describe("startsafe-client/ai", { skip: !live && "no live server (run from tests
     const options = await deciding((operator, w) =>
       operator.approve(w.effectId, String(w.effect.args_hash), { ...campaign, recipients: "everyone" }),
     );
-    const model = scripted(["send_campaign", campaign]);
+    const model = scripted(["launch_campaign", campaign]);
 
     const { journal } = await attempt(client(options), `r-${randomUUID()}`, tools, specs, model);
 
     assert.deepEqual(sent, []);
     const [told] = heard(model) as { type: string; value: string }[];
     assert.equal(told!.type, "error-text");
-    assert.match(told!.value, /send_campaign: the arguments do not fit the tool's input schema/);
+    assert.match(told!.value, /launch_campaign: the arguments do not fit the tool's input schema/);
     assert.deepEqual(journal.stopped, []); // reported failed: the model may ask again
   });
 
@@ -171,7 +171,7 @@ describe("startsafe-client/ai", { skip: !live && "no live server (run from tests
     const sent: Record<string, unknown>[] = [];
     const { tools, specs } = campaignTools(sent);
     const campaign = { campaign_id: `c-${randomUUID()}`, subject: "20% off", recipients: 240 };
-    const model = scripted(["send_campaign", campaign]);
+    const model = scripted(["launch_campaign", campaign]);
     const startsafe = client({ approvalTimeoutMs: 300 });
 
     const running = attempt(startsafe, `r-${randomUUID()}`, tools, specs, model);
@@ -191,8 +191,8 @@ describe("startsafe-client/ai", { skip: !live && "no live server (run from tests
   it("an effect's tool that throws is unreported: the loop stops, the attempt fails, the next reconciles", async () => {
     const replies: string[] = [];
     const tools = {
-      lookup: tool({ inputSchema: z.object({ q: z.string() }), execute: async ({ q }) => ({ found: q }) }),
-      send_reply: tool({
+      search: tool({ inputSchema: z.object({ q: z.string() }), execute: async ({ q }) => ({ found: q }) }),
+      reply_to_message: tool({
         inputSchema: z.object({ message_id: z.string(), body: z.string() }),
         execute: async ({ message_id }): Promise<{ sent: boolean }> => {
           replies.push(message_id);
@@ -201,8 +201,8 @@ describe("startsafe-client/ai", { skip: !live && "no live server (run from tests
       }),
     };
     const specs: Specs<typeof tools> = {
-      lookup: read(),
-      send_reply: effect({
+      search: read(),
+      reply_to_message: effect({
         key: (a) => providerKey("outlook", "message", a.message_id),
         reconcile: (a) =>
           replies.includes(a.message_id) ? Reconciliation.done("in sent items", { sent: true }) : Reconciliation.notDone("not in sent items"),
@@ -210,13 +210,13 @@ describe("startsafe-client/ai", { skip: !live && "no live server (run from tests
     };
     const reply = { message_id: `<${randomUUID()}@mail.example.com>`, body: "Hello" };
     const runKey = `r-${randomUUID()}`;
-    const first = scripted(["send_reply", reply], ["lookup", { q: "never asked" }]);
+    const first = scripted(["reply_to_message", reply], ["search", { q: "never asked" }]);
 
     await assert.rejects(attempt(client(), runKey, tools, specs, first), /connection reset after the send/);
     assert.equal(first.doGenerateCalls.length, 1); // journal.stopWhen: the model acts no further
     assert.deepEqual(replies, [reply.message_id]);
 
-    const again = scripted(["send_reply", { ...reply, body: "Hi again" }]);
+    const again = scripted(["reply_to_message", { ...reply, body: "Hi again" }]);
     const { result } = await attempt(client(), runKey, tools, specs, again);
     assert.deepEqual(replies, [reply.message_id]);
     assert.deepEqual(result.steps[0]!.toolResults[0]!.output, { sent: true });
@@ -225,7 +225,7 @@ describe("startsafe-client/ai", { skip: !live && "no live server (run from tests
   it("NotPerformed is reported failed and the model hears it; a refused key records nothing", async () => {
     let tries = 0;
     const tools = {
-      import_dataset: tool({
+      load_file: tool({
         inputSchema: z.object({ path: z.string() }),
         execute: async () => {
           tries += 1;
@@ -234,9 +234,9 @@ describe("startsafe-client/ai", { skip: !live && "no live server (run from tests
         },
       }),
     };
-    const specs: Specs<typeof tools> = { import_dataset: effect({ key: (a) => intentKey("import", { path: a.path }) }) };
+    const specs: Specs<typeof tools> = { load_file: effect({ key: (a) => intentKey("import", { path: a.path }) }) };
     const path = `/data/${randomUUID()}.csv`;
-    const model = scripted(["import_dataset", { path }], ["import_dataset", { path: "" }], ["import_dataset", { path }]);
+    const model = scripted(["load_file", { path }], ["load_file", { path: "" }], ["load_file", { path }]);
 
     const { result } = await attempt(client(), `r-${randomUUID()}`, tools, specs, model, (journal, run) => {
       assert.deepEqual(journal.stopped, []);
@@ -246,7 +246,7 @@ describe("startsafe-client/ai", { skip: !live && "no live server (run from tests
     const told = heard(model) as { type: string; value: unknown }[];
     assert.deepEqual(told[0], { type: "error-text", value: "cannot read the file yet" });
     assert.equal(told[1]!.type, "error-text");
-    assert.match(String(told[1]!.value), /import_dataset: no key in these arguments/);
+    assert.match(String(told[1]!.value), /load_file: no key in these arguments/);
     assert.deepEqual(result.steps[2]!.toolResults[0]!.output, { imported: true });
     assert.equal(tries, 2);
   });
