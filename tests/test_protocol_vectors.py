@@ -171,6 +171,16 @@ def spec_of(call: dict[str, Any], looked: list) -> ss.ToolSpec:
     )
 
 
+def assert_outcome(expect: dict[str, Any], raised: BaseException | None, result: Any) -> None:
+    """The vector's result, or its error."""
+    if "error" not in expect:
+        assert raised is None, repr(raised)
+        assert result == expect["result"]
+        return
+    assert raised is not None, f"expected {expect['error']['class']}, got {result!r}"
+    assert_error(raised, expect["error"])
+
+
 def assert_error(raised: BaseException, expected: dict[str, Any]) -> None:
     own = {"the tool's own": ToolError, "the lookup's own": LookupFailed}
     if expected["class"] in own:
@@ -203,14 +213,8 @@ def test_a_tool_call_does_what_the_answers_say(vector):
     except Exception as error:  # noqa: BLE001 (the vector says which)
         raised = error
 
-    assert script.problems == []
-    assert script.left() == []
-    if "error" in expect:
-        assert raised is not None, f"expected {expect['error']['class']}, got {result!r}"
-        assert_error(raised, expect["error"])
-    else:
-        assert raised is None, repr(raised)
-        assert result == expect["result"]
+    assert (script.problems, script.left()) == ([], [])
+    assert_outcome(expect, raised, result)
     assert ran == expect["tool_ran_with"]
     assert looked == expect.get("lookups", [])
     assert len(told) == expect.get("waiting_told", 0)
@@ -235,8 +239,7 @@ def test_a_request_is_retried_or_raised_as_the_answers_say(vector):
     except ss.StartsafeError as error:
         raised = error
 
-    assert script.problems == []
-    assert script.left() == []
+    assert (script.problems, script.left()) == ([], [])
     tries = expect.get("tries") or (HARNESS["max_retries"] + 1 if expect["retried"] else 1)
     assert len(script.requests) == tries
     assert len(clock.sleeps) == tries - 1
@@ -245,9 +248,4 @@ def test_a_request_is_retried_or_raised_as_the_answers_say(vector):
     if expect.get("one_idempotency_key"):
         keys = {r.headers.get("Idempotency-Key") for r in script.requests}
         assert len(keys) == 1 and None not in keys
-    if "error" in expect:
-        assert raised is not None, f"expected {expect['error']['class']}, got {result!r}"
-        assert_error(raised, expect["error"])
-    else:
-        assert raised is None, repr(raised)
-        assert result == expect["result"]
+    assert_outcome(expect, raised, result)

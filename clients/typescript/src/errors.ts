@@ -22,6 +22,18 @@ export interface ErrorOptions {
   cause?: unknown;
 }
 
+/** A text field of an error's details, or `null`. */
+function text(details: JsonObject, name: string): string | null {
+  const value = details[name];
+  return typeof value === "string" ? value : null;
+}
+
+/** A number field of an error's details, or `null`. */
+function number(details: JsonObject, name: string): number | null {
+  const value = details[name];
+  return typeof value === "number" ? value : null;
+}
+
 /** Base of every error the client throws. */
 export class StartsafeError extends Error {
   /** The contract's error code (`"already_running"`…) or the client's own. */
@@ -79,13 +91,11 @@ export class AlreadyRunning extends StartsafeError {
   static override readonly code = "already_running";
   /** The run's current attempt number. */
   get attempt(): number | null {
-    const value = this.details["attempt"];
-    return typeof value === "number" ? value : null;
+    return number(this.details, "attempt");
   }
   /** When that attempt last heartbeat (ISO 8601). */
   get heartbeatAt(): string | null {
-    const value = this.details["heartbeat_at"];
-    return typeof value === "string" ? value : null;
+    return text(this.details, "heartbeat_at");
   }
 }
 
@@ -114,8 +124,7 @@ export class AttemptSuperseded extends AttemptStopped {
 export class KeyConflict extends StartsafeError {
   static override readonly code = "key_conflict";
   get tool(): string | null {
-    const value = this.details["tool"];
-    return typeof value === "string" ? value : null;
+    return text(this.details, "tool");
   }
 }
 
@@ -123,8 +132,7 @@ export class KeyConflict extends StartsafeError {
 export class ToolNotRegistered extends StartsafeError {
   static override readonly code = "tool_not_registered";
   get tool(): string | null {
-    const value = this.details["tool"];
-    return typeof value === "string" ? value : null;
+    return text(this.details, "tool");
   }
 }
 
@@ -132,8 +140,7 @@ export class ToolNotRegistered extends StartsafeError {
 export class ClaimConflict extends StartsafeError {
   static override readonly code = "claim_conflict";
   get effectStatus(): string | null {
-    const value = this.details["status"];
-    return typeof value === "string" ? value : null;
+    return text(this.details, "status");
   }
 }
 
@@ -157,8 +164,7 @@ export class RateLimited extends StartsafeError {
   static override readonly code = "rate_limited";
   /** The server's last advice, in seconds. */
   get retryAfter(): number | null {
-    const value = this.details["retry_after"];
-    return typeof value === "number" ? value : null;
+    return number(this.details, "retry_after");
   }
 }
 
@@ -234,8 +240,7 @@ export class NotPerformed extends Error {
 export class KeyRefused extends StartsafeError {
   static override readonly code = "key_refused";
   get tool(): string | null {
-    const value = this.details["tool"];
-    return typeof value === "string" ? value : null;
+    return text(this.details, "tool");
   }
 }
 
