@@ -18,32 +18,20 @@ tests/test_typescript_client.py, whose build this test shares.
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
-import sys
-import time
+import os
 from pathlib import Path
 
 import pytest
+from agent_process import approve_with_an_edit, drive
+from example_helpers import assert_each_effect_once, crash_then_answer, ledger
+from test_typescript_client import built  # noqa: F401 (the fixture: npm ci, tsc, build)
 
-from approvals.decisions import approve_effect
-from runs.errors import JournalError
-from runs.models import Effect, Run
+from runs.models import Effect
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = ROOT / "clients" / "typescript"
-EXAMPLES = ROOT / "examples"
-sys.path.insert(0, str(EXAMPLES))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import ledger  # noqa: E402
-from test_example_e2e import LEDGER_KIND, _settle_unknowns  # noqa: E402
-from test_typescript_client import built  # noqa: E402, F401 (the fixture: npm ci, tsc)
+PACKAGE = Path(__file__).resolve().parent.parent / "clients" / "typescript"
+EDITED = {"subject": "Winter sale: 20% off (checked by marketing)", "recipients": 200}
 
 pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-CRASHED, NEEDS_PERSON = 137, 3
-EDITED = {"subject": "Winter sale: 20% off (checked by marketing)", "recipients": 200}
 
 
 def _command(live_server, agent, ledger_path: Path, *extra: str) -> list[str]:
@@ -58,33 +46,16 @@ def _command(live_server, agent, ledger_path: Path, *extra: str) -> list[str]:
     ]
 
 
-def _approve_edited(operator) -> None:
-    """The operator approves the waiting campaign after editing its subject and size."""
-    for effect in Effect.objects.filter(status="awaiting_approval"):
-        # A refusal means the agent revised it meanwhile: the next round sees the new one.
-        with contextlib.suppress(JournalError):
-            approve_effect(
-                operator,
-                effect.id,
-                args_hash=effect.args_hash,
-                edited_args={**effect.args, **EDITED},
-                note="e2e: subject and audience checked by marketing",
-            )
-
-
-def _drive(command: list[str], operator, timeout: float = 60) -> tuple[int, str]:
-    """Run the agent to its end, approving while it waits; its exit code and output."""
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=PACKAGE
+def _drive(command: list[str], operator) -> tuple[int, str]:
+    """Run the agent to its end; while the campaign waits, approve it edited."""
+    note = "e2e: subject and audience checked by marketing"
+    return drive(
+        command,
+        lambda: approve_with_an_edit(operator, EDITED, note),
+        env=dict(os.environ),
+        cwd=PACKAGE,
+        timeout=60,
     )
-    deadline = time.monotonic() + timeout
-    while process.poll() is None:
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"the agent did not finish: {process.communicate()[0]}")
-        _approve_edited(operator)
-        time.sleep(0.1)
-    return process.returncode, process.stdout.read()
 
 
 @pytest.mark.usefixtures("built")
@@ -95,30 +66,9 @@ def test_the_ai_sdk_example_survives_a_crash_after_each_effect_without_duplicate
     ledger_path = tmp_path / "ledger.jsonl"
     command = _command(live_server, agent, ledger_path)
 
-    code, output = _drive([*command, "--crash-after", str(crash_after)], operator)
-    assert code == CRASHED, output
-    assert len(ledger.entries(ledger_path)) == crash_after  # it did them, then died
-    crashed_kind = ledger.entries(ledger_path)[-1]["kind"]
-
-    outputs, codes = [output], []
-    for _ in range(3):  # run again until answered, deciding between runs as a person
-        code, output = _drive(command, operator)
-        outputs.append(output)
-        codes.append(code)
-        if code != NEEDS_PERSON:
-            break
-        _settle_unknowns(operator, ledger_path)
-    assert code == 0, "\n---\n".join(outputs)
-
-    # The effect caught between doing and reporting: the reply and the import settle
-    # themselves through their lookup; the campaign has none, so a person decided.
-    crashed = Effect.objects.get(tool=next(t for t, k in LEDGER_KIND.items() if k == crashed_kind))
-    if crashed_kind == "campaign":
-        assert codes[0] == NEEDS_PERSON and "do not try it again" in outputs[1]
-        assert crashed.decision["verb"] == "marked_done"
-    else:
-        assert codes == [0]
-        assert crashed.decision["verb"] == "reconciled"
+    outputs = crash_then_answer(
+        _drive, command, operator, ledger_path, crash_after, told="do not try it again"
+    )
 
     # While the campaign waited, the run named its page in the console.
     campaign = Effect.objects.get(tool="send_campaign")
@@ -127,25 +77,7 @@ def test_the_ai_sdk_example_survives_a_crash_after_each_effect_without_duplicate
     assert said in "".join(outputs)
 
     # The answer: each effect exactly once in the ledger, the campaign as edited.
-    counts = ledger.counts(ledger_path)
-    assert sorted(kind for kind, _ in counts) == ["campaign", "import", "reply"]
-    assert set(counts.values()) == {1}, counts
+    counter = ["node", str(PACKAGE / "examples" / "count-ledger.mjs")]
+    assert_each_effect_once(_drive, command, operator, ledger_path, counter)
     sent = ledger.find(ledger_path, "campaign", "2026-winter-eu")[1]["details"]
     assert sent == {"segment": "EU", **EDITED}
-    counted = subprocess.run(
-        ["node", str(PACKAGE / "examples" / "count-ledger.mjs"), str(ledger_path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert counted.returncode == 0 and "duplicates: 0" in counted.stdout, counted.stdout
-
-    # The database: the run completed on a later attempt, its effects all done.
-    run = Run.objects.get(run_key="ticket-4812")
-    assert run.status == "completed" and run.current_attempt >= 2
-    assert sorted(Effect.objects.values_list("status", flat=True)) == ["done"] * 3
-
-    # Running it once more changes nothing: the run is finished.
-    code, output = _drive(command, operator)
-    assert code == 0 and "already answered" in output
-    assert ledger.counts(ledger_path) == counts
