@@ -30,6 +30,9 @@ const URL_ = process.env["STARTSAFE_URL"] ?? "";
 const TOKEN = process.env["STARTSAFE_TOKEN"] ?? "";
 const skip = URL_ && TOKEN ? false : "needs a live server: STARTSAFE_URL and STARTSAFE_TOKEN (tests/test_typescript_client.py)";
 
+// A live test that hangs (a heartbeat that never comes) fails instead.
+const LIVE_TIMEOUT_MS = 60_000;
+
 function makeClient(options: Partial<ClientOptions> = {}): Client {
   return new Client({ baseUrl: URL_, token: TOKEN, pollIntervalMs: 50, backoffMs: 10, approvalTimeoutMs: 20_000, ...options });
 }
@@ -45,7 +48,7 @@ async function effectByKey(client: Client, key: string) {
   return page.items[0]!;
 }
 
-test("a run records a read and a keyed effect, then completes", { skip }, async () => {
+test("a run records a read and a keyed effect, then completes", { skip, timeout: LIVE_TIMEOUT_MS }, async () => {
   const client = makeClient();
   const ran: unknown[] = [];
   const lookup = client.tool("lookup_customer", read(), async (a: { email: string }) => ({ email: a.email, name: "Ana" }));
@@ -78,7 +81,7 @@ test("a run records a read and a keyed effect, then completes", { skip }, async 
   assert.equal(recorded["preview"], "Reply: Hello");
 });
 
-test("a replay of the same key is deduplicated: the tool runs once", { skip }, async () => {
+test("a replay of the same key is deduplicated: the tool runs once", { skip, timeout: LIVE_TIMEOUT_MS }, async () => {
   const client = makeClient();
   const ran: string[] = [];
   const sendReply = client.tool(
@@ -103,7 +106,7 @@ test("a replay of the same key is deduplicated: the tool runs once", { skip }, a
   assert.deepEqual(ran, ["First wording"]);
 });
 
-test("an approval with edited arguments executes the edited arguments", { skip }, async () => {
+test("an approval with edited arguments executes the edited arguments", { skip, timeout: LIVE_TIMEOUT_MS }, async () => {
   const operator = await Operator.signIn(URL_, process.env["STARTSAFE_OPERATOR"] ?? "", process.env["STARTSAFE_OPERATOR_PASSWORD"] ?? "");
   const campaign = unique("winter");
   const edited = { campaign_id: campaign, subject: "Winter sale, edited by a person", segment: "EU" };
@@ -139,7 +142,7 @@ test("an approval with edited arguments executes the edited arguments", { skip }
   assert.deepEqual(recorded.args, edited);
 });
 
-test("a rejection throws EffectBlocked with the note for the model", { skip }, async () => {
+test("a rejection throws EffectBlocked with the note for the model", { skip, timeout: LIVE_TIMEOUT_MS }, async () => {
   const operator = await Operator.signIn(URL_, process.env["STARTSAFE_OPERATOR"] ?? "", process.env["STARTSAFE_OPERATOR_PASSWORD"] ?? "");
   const client = makeClient({
     onWaiting: (waiting) => operator.reject(waiting.effectId, String(waiting.effect.args_hash), "Do not promise refunds"),
@@ -166,7 +169,7 @@ test("a rejection throws EffectBlocked with the note for the model", { skip }, a
   assert.deepEqual(ran, []);
 });
 
-test("an unknown outcome is settled by the tool's lookup on the next attempt", { skip }, async () => {
+test("an unknown outcome is settled by the tool's lookup on the next attempt", { skip, timeout: LIVE_TIMEOUT_MS }, async () => {
   const client = makeClient();
   const ran: unknown[] = [];
   const looked: unknown[] = [];
@@ -207,7 +210,7 @@ test("an unknown outcome is settled by the tool's lookup on the next attempt", {
   assert.equal(settled.decision?.verb, "reconciled");
 });
 
-test("error codes from the server are their typed errors", { skip }, async () => {
+test("error codes from the server are their typed errors", { skip, timeout: LIVE_TIMEOUT_MS }, async () => {
   const wrong = new Client({ baseUrl: URL_, token: "not-a-token", backoffMs: 10 });
   await assert.rejects(
     wrong.run(unique("ticket"), async () => undefined),
@@ -235,7 +238,7 @@ test("error codes from the server are their typed errors", { skip }, async () =>
   );
 });
 
-test("the Idempotency-Key is reused across a retry after a dropped connection", { skip }, async () => {
+test("the Idempotency-Key is reused across a retry after a dropped connection", { skip, timeout: LIVE_TIMEOUT_MS }, async () => {
   const keys: string[] = [];
   const losing: typeof fetch = async (input, init) => {
     const response = await fetch(input, init);
@@ -272,7 +275,7 @@ test("the Idempotency-Key is reused across a retry after a dropped connection", 
   assert.equal(answer.journal.length, 1); // the retry got the first answer: one call recorded
 });
 
-test("heartbeats go on while the run's function runs, and the finish comes after them", { skip }, async () => {
+test("heartbeats go on while the run's function runs, and the finish comes after them", { skip, timeout: LIVE_TIMEOUT_MS }, async () => {
   const sent: string[] = [];
   let beaten: () => void = () => undefined;
   const twoBeats = new Promise<void>((resolve) => (beaten = resolve));
