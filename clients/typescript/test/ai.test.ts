@@ -104,7 +104,10 @@ async function attempt<TOOLS extends ToolSet>(
   });
 }
 
-describe("startsafe-client/ai", { skip: !live && "no live server (run from tests/test_typescript_client.py)" }, () => {
+// A live test that hangs (a decision that never comes) fails instead.
+const LIVE = { skip: !live && "no live server (run from tests/test_typescript_client.py)", timeout: 60_000 };
+
+describe("startsafe-client/ai", LIVE, () => {
   it("hands an operator's rejection note to the model as the tool's result", async () => {
     const sent: Record<string, unknown>[] = [];
     const { tools, specs } = campaignTools(sent);
@@ -220,6 +223,55 @@ describe("startsafe-client/ai", { skip: !live && "no live server (run from tests
     const { result } = await attempt(client(), runKey, tools, specs, again);
     assert.deepEqual(replies, [reply.message_id]);
     assert.deepEqual(result.steps[0]!.toolResults[0]!.output, { sent: true });
+  });
+
+  it("journals the calls of one step in parallel, each once", async () => {
+    const replies: string[] = [];
+    const tools = {
+      reply_to_message: tool({
+        inputSchema: z.object({ message_id: z.string(), body: z.string() }),
+        execute: async ({ message_id }) => {
+          replies.push(message_id);
+          return { replied: message_id };
+        },
+      }),
+    };
+    const specs: Specs<typeof tools> = {
+      reply_to_message: effect({ key: (a) => providerKey("outlook", "message", a.message_id) }),
+    };
+    const ids = [`<${randomUUID()}@mail.example.com>`, `<${randomUUID()}@mail.example.com>`];
+    const bothAtOnce = () =>
+      new MockLanguageModelV3({
+        doGenerate: async ({ prompt }) =>
+          prompt.some((m) => m.role === "tool")
+            ? { content: [{ type: "text", text: "done" }], finishReason: { unified: "stop", raw: undefined }, usage: USAGE, warnings: [] }
+            : {
+                content: ids.map((id, i) => ({
+                  type: "tool-call" as const,
+                  toolCallId: `call-${i}`,
+                  toolName: "reply_to_message",
+                  input: JSON.stringify({ message_id: id, body: `Hello ${randomUUID()}` }),
+                })),
+                finishReason: { unified: "tool-calls", raw: undefined },
+                usage: USAGE,
+                warnings: [],
+              },
+      });
+    const runKey = `r-${randomUUID()}`;
+
+    await assert.rejects(
+      attempt(client(), runKey, tools, specs, bothAtOnce(), () => {
+        throw new Error("the process dies after the step");
+      }),
+      /dies/,
+    );
+    const { result } = await attempt(client(), runKey, tools, specs, bothAtOnce());
+
+    assert.deepEqual(replies.sort(), [...ids].sort());
+    assert.deepEqual(
+      result.steps[0]!.toolResults.map((r) => r.output),
+      ids.map((id) => ({ replied: id })),
+    );
   });
 
   it("NotPerformed is reported failed and the model hears it; a refused key records nothing", async () => {
