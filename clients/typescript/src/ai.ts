@@ -4,10 +4,10 @@
  * ```ts
  * import { generateText, stepCountIs, tool } from "ai";
  * import { effect, intentKey, read } from "startsafe-client";
- * import { journaled } from "startsafe-client/ai";
+ * import { journaled, type Specs } from "startsafe-client/ai";
  *
  * const tools = { lookup_customer: tool({...}), send_campaign: tool({...}) };
- * const specs = {
+ * const specs: Specs<typeof tools> = { // each rule sees its tool's input, typed
  *   lookup_customer: read(),
  *   send_campaign: effect({
  *     key: (a) => intentKey("campaign", { campaign_id: a.campaign_id }),
@@ -29,7 +29,8 @@
  * error thrown by `execute`, which the SDK hands the model while its loop goes on):
  *
  * - `execute`: the tool runs with the effect's recorded arguments, which an operator
- *   may have edited (checked against the tool's `inputSchema` again); `skip`: the
+ *   may have edited (checked against the tool's `inputSchema` again), and its result is
+ *   recorded (of a tool that streams preliminary results, the last one); `skip`: the
  *   recorded result, and the tool does not run again;
  * - rejected by an operator, or expired: the tool's result is the text
  *   `"rejected by an operator: <note>"`, so the model can change course;

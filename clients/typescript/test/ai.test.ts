@@ -314,6 +314,15 @@ describe("journaled", () => {
     );
   });
 
+  it("types each key rule's arguments by its tool's input schema", () => {
+    const tools = { reply: tool({ inputSchema: z.object({ message_id: z.string() }), execute: async () => 1 }) };
+    const specs: Specs<typeof tools> = {
+      // @ts-expect-error: the tool's input has no field "id"
+      reply: effect({ key: (a) => providerKey("outlook", "message", a.id) }),
+    };
+    assert.ok(journaled(run, tools, specs).tools.reply);
+  });
+
   it("gives back a tool without execute as it is, and keeps each tool's schema and description", () => {
     const asked = tool({ description: "the application answers", inputSchema: z.object({ q: z.string() }) });
     const done = tool({ description: "done here", inputSchema: z.object({ q: z.string() }), execute: async () => 1 });
