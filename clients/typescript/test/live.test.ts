@@ -288,9 +288,12 @@ test("heartbeats go on while the run's function runs, and the finish comes after
   const client = makeClient({ fetch: recording, heartbeatIntervalMs: 20 });
 
   // The heartbeat timer is unref'd (it never keeps a process alive by itself): an agent
-  // awaits its own I/O meanwhile, which this timer stands for.
-  const busy = setInterval(() => undefined, 1000);
-  await client.run(unique("beating"), async () => twoBeats).finally(() => clearInterval(busy));
+  // awaits its own I/O meanwhile, which this bound on the wait stands for.
+  let bound: NodeJS.Timeout | undefined;
+  const noBeats = new Promise<never>((_, reject) => {
+    bound = setTimeout(() => reject(new Error("no two heartbeats within 30 s")), 30_000);
+  });
+  await client.run(unique("beating"), async () => Promise.race([twoBeats, noBeats])).finally(() => clearTimeout(bound));
 
   assert.ok(sent.filter((p) => p === "heartbeat").length >= 2);
   assert.equal(sent.at(-1), "finish");
