@@ -1,4 +1,5 @@
-"""The shared protocol vectors (clients/vectors/protocol.json) through the Python client.
+"""The shared protocol vectors (clients/vectors/protocol.json) through the Python clients,
+``Client`` and ``AsyncClient`` (one protocol core under two transports).
 
 Each vector scripts the server's answers to what a client does in one tool call or one
 logical request: every action of a recorded call, every error code of the contract,
@@ -10,6 +11,7 @@ behave alike by test, not by promise. This is client logic: the answers come fro
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -115,8 +117,9 @@ class Clock:
         self.now += seconds
 
 
-def make_client(script: Script, clock: Clock, told: list) -> ss.Client:
-    return ss.Client(
+def make_client(kind: str, script: Script, clock: Clock, told: list) -> Any:
+    """The sync or the async client: the one protocol core under both transports."""
+    return CLIENTS[kind](
         HARNESS["base_url"],
         HARNESS["token"],
         transport=httpx.MockTransport(script.handle),
@@ -194,22 +197,45 @@ def assert_error(raised: BaseException, expected: dict[str, Any]) -> None:
         assert raised.for_model == expected["for_model"]
 
 
+CLIENTS = {"sync": ss.Client, "async": ss.AsyncClient}
+
+
+def call_spec(kind: str, client: Any, run_key: str, *call: Any) -> Any:
+    """``run.call_spec`` inside a run, in the client's own way."""
+    if kind == "sync":
+        with client.run(run_key) as run:
+            return run.call_spec(*call)
+
+    async def in_a_run() -> Any:
+        async with client.run(run_key) as run:
+            return await run.call_spec(*call)
+
+    return asyncio.run(in_a_run())
+
+
+def send(kind: str, client: Any, method: str, path: str, body: Any) -> httpx.Response:
+    """One logical request, in the client's own way."""
+    answer = client.request(method, path, json=body)
+    return answer if kind == "sync" else asyncio.run(answer)
+
+
 def test_every_vector_is_run_here():
     assert len(VECTORS["calls"]) + len(VECTORS["requests"]) == VECTOR_COUNT
 
 
 @pytest.mark.parametrize("vector", VECTORS["calls"], ids=[v["name"] for v in VECTORS["calls"]])
-def test_a_tool_call_does_what_the_answers_say(vector):
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_a_tool_call_does_what_the_answers_say(kind, vector):
     call, expect = vector["call"], vector["expect"]
     script, clock, told, ran, looked = Script(vector["script"]), Clock(), [], [], []
-    client = make_client(script, clock, told)
+    client = make_client(kind, script, clock, told)
+    spec, perform = spec_of(call, looked), the_tool(call["tool"], ran)
     raised: BaseException | None = None
     result = None
 
     try:
-        with client.run(HARNESS["run"]["run_key"]) as run:
-            spec, perform = spec_of(call, looked), the_tool(call["tool"], ran)
-            result = run.call_spec(HARNESS["tool"]["name"], spec, call["args"], perform)
+        name, run_key = HARNESS["tool"]["name"], HARNESS["run"]["run_key"]
+        result = call_spec(kind, client, run_key, name, spec, call["args"], perform)
     except Exception as error:  # noqa: BLE001 (the vector says which)
         raised = error
 
@@ -226,16 +252,18 @@ def test_a_tool_call_does_what_the_answers_say(vector):
 @pytest.mark.parametrize(
     "vector", VECTORS["requests"], ids=[v["name"] for v in VECTORS["requests"]]
 )
-def test_a_request_is_retried_or_raised_as_the_answers_say(vector):
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_a_request_is_retried_or_raised_as_the_answers_say(kind, vector):
     expect = vector["expect"]
     request = vector["request"]
     script, clock = Script(vector["script"], expected_request=request), Clock()
-    client = make_client(script, clock, [])
+    client = make_client(kind, script, clock, [])
     raised: BaseException | None = None
     result = None
 
     try:
-        result = client.request(request["method"], request["path"], json=request["body"]).json()
+        answer = send(kind, client, request["method"], request["path"], request["body"])
+        result = answer.json()
     except ss.StartsafeError as error:
         raised = error
 

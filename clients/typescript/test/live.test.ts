@@ -11,6 +11,8 @@ import { randomUUID } from "node:crypto";
 import { test } from "node:test";
 
 import {
+  AlreadyRunning,
+  AttemptStopped,
   Client,
   type ClientOptions,
   EffectBlocked,
@@ -297,4 +299,34 @@ test("heartbeats go on while the run's function runs, and the finish comes after
 
   assert.ok(sent.filter((p) => p === "heartbeat").length >= 2);
   assert.equal(sent.at(-1), "finish");
+});
+
+test("a live attempt is taken over only when told to (supersede)", { skip, timeout: LIVE_TIMEOUT_MS }, async () => {
+  const client = makeClient();
+  const runKey = unique("busy");
+  let started: () => void = () => undefined;
+  const isRunning = new Promise<void>((resolve) => (started = resolve));
+  let release: () => void = () => undefined;
+  const held = new Promise<void>((resolve) => (release = resolve));
+  const first = client.run(runKey, async (run) => {
+    started();
+    await held;
+    run.check();
+  });
+  await isRunning;
+
+  for (const supersede of [false, "stale"] as const) {
+    // Its heartbeat is fresh: neither takes it over, and the error says what would.
+    await assert.rejects(client.run(runKey, { supersede }, async () => undefined), (error: unknown) => {
+      assert.ok(error instanceof AlreadyRunning, String(error));
+      assert.equal(error.attempt, 1);
+      assert.match(error.message, /supersede: true/);
+      return true;
+    });
+  }
+  const attempt = await client.run(runKey, { supersede: true }, async (run) => run.attempt);
+  release();
+
+  assert.equal(attempt, 2);
+  await assert.rejects(first, AttemptStopped); // the first attempt is no longer its own to finish
 });
