@@ -157,9 +157,11 @@ test("a rejection throws EffectBlocked with the note for the model", { skip, tim
     async (a) => void ran.push(a),
   );
 
-  const attempt = client.run(unique("ticket"), async (run) =>
-    run.call(sendReply, { message_id: unique("m"), body: "We refund everything" }),
-  );
+  let runId = "";
+  const attempt = client.run(unique("ticket"), async (run) => {
+    runId = run.id;
+    return run.call(sendReply, { message_id: unique("m"), body: "We refund everything" });
+  });
 
   await assert.rejects(attempt, (error: unknown) => {
     assert.ok(error instanceof EffectBlocked, String(error));
@@ -169,6 +171,11 @@ test("a rejection throws EffectBlocked with the note for the model", { skip, tim
     return true;
   });
   assert.deepEqual(ran, []);
+  // client.run finished the attempt failed, with the error.
+  const answer = (await client.getRun(runId)) as { run: { status: string }; attempts: { status: string; error: string }[] };
+  assert.equal(answer.run.status, "failed");
+  assert.equal(answer.attempts[0]?.status, "failed");
+  assert.match(answer.attempts[0]?.error ?? "", /^EffectBlocked: .*Do not promise refunds/);
 });
 
 test("an unknown outcome is settled by the tool's lookup on the next attempt", { skip, timeout: LIVE_TIMEOUT_MS }, async () => {
