@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
+from example_helpers import LEDGER_KIND, in_the_ledger
 
 from approvals.decisions import approve_effect, mark_effect_done, release_effect
 from runs.errors import JournalError
@@ -46,7 +47,6 @@ pytestmark = [
 ]
 
 KILLED, NEEDS_PERSON = -signal.SIGKILL, 3
-LEDGER_KIND = {"send_reply": "reply", "import_dataset": "import", "send_campaign": "campaign"}
 EFFECT_TOOLS = tuple(LEDGER_KIND)
 
 
@@ -95,13 +95,7 @@ class Person:
     def settle_unknowns(self) -> None:
         """Look each unknown effect up at the provider (the ledger) and decide."""
         for effect in Effect.objects.filter(status="unknown"):
-            kind = LEDGER_KIND[effect.tool]
-            identity = {
-                "reply": effect.args.get("message_id"),
-                "import": effect.key,
-                "campaign": effect.args.get("campaign_id"),
-            }[kind]
-            if ledger.find(self.ledger_path, kind, identity):
+            if in_the_ledger(self.ledger_path, effect):
                 mark_effect_done(
                     self.operator, effect.id, args_hash=effect.args_hash, note="in the ledger"
                 )

@@ -1,9 +1,9 @@
 """The TypeScript client (clients/typescript) in ``make test``: its own tests with Node's
 test runner against a live server on PostgreSQL, and its package as npm packs it.
 
-``npm ci`` installs its two dev dependencies (TypeScript and Node's types) from the
-committed lock file, again only when the lock file changed; ``tsc --noEmit`` checks the
-package, then it is built and ``node --test`` runs the shared vectors, the unit tests and
+``npm ci`` installs its dev dependencies (TypeScript, Node's types, the AI SDK and zod)
+from the committed lock file, again only when the lock file changed; ``tsc --noEmit``
+checks the package, then it is built and ``node --test`` runs the shared vectors, the unit tests and
 the live tests (clients/typescript/test/live.test.ts) with the server's address, an
 agent's token and an operator's credentials in the environment. Node 20 or newer and npm
 are required: without them these tests fail and say so, they are never skipped.
@@ -27,8 +27,8 @@ PACKAGE = ROOT / "clients" / "typescript"
 TSC = PACKAGE / "node_modules" / ".bin" / "tsc"
 # npm ci's stamp: the digest of the lock file it installed.
 INSTALLED = PACKAGE / "node_modules" / ".startsafe-lock.sha256"
-# The package's entry points checked from the packed tarball ("./ai" joins it once
-# its module is here).
+# The package's entry points checked from the packed tarball, installed alone
+# ("./ai" needs its optional peer, the AI SDK: its files are checked to be packed).
 ENTRY_POINTS = {"startsafe-client": ["Client", "effect", "read", "providerKey", "NotPerformed"]}
 
 pytestmark = pytest.mark.node
@@ -110,6 +110,7 @@ def test_the_package_packs_with_its_types_and_installs_in_an_empty_folder(built,
     with tarfile.open(tarball) as archive:
         names = set(archive.getnames())
     assert {"package/package.json", "package/dist/index.js", "package/dist/index.d.ts"} <= names
+    assert {"package/dist/ai.js", "package/dist/ai.d.ts"} <= names
     assert not any(
         name.startswith(("package/src/", "package/test/", "package/dist-test/")) for name in names
     )

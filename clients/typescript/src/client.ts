@@ -345,11 +345,12 @@ export class Client {
   }
 
   /**
-   * Make these declarations this client's (sent before its next call); `replace: false`
-   * keeps a tool's declaration already known (a call's spec does not undo an adapter's,
-   * which has the schema).
+   * @internal Make these declarations this client's (sent before its next call);
+   * `replace: false` keeps a tool's declaration already known (a call's spec does not
+   * undo an adapter's, which has the schema). Adapters adopt their tools' declarations
+   * with the schemas.
    */
-  private adopt(declarations: Record<string, unknown>[], replace = true): Record<string, unknown>[] {
+  adopt(declarations: Record<string, unknown>[], replace = true): Record<string, unknown>[] {
     const adopted = [];
     for (const declared of declarations) {
       const name = String(declared["name"]);
