@@ -5,9 +5,9 @@ and the runs page's), 10 effects and 30 calls per run (1.05 M effects, 3.16 M
 calls: every 10th run repeats a keyed call), an argument version and an audit
 event per effect, 3,000 effects awaiting approval and 500 whose outcome is unknown.
 Rows go in through psycopg 3's ``cursor.copy()`` in the text format, generated as
-strings: the ORM would take an hour, COPY takes minutes. Foreign-key triggers are off while copying
-(``session_replication_role = replica``): the generator keeps the references
-right, and checking 5 M of them row by row would double the time.
+strings: the ORM would take an hour, COPY takes minutes. Foreign-key triggers are
+off while copying (``session_replication_role = replica``): the generator keeps
+the references right, and checking 5 M of them row by row would double the time.
 
 The bench agent (``BENCH_TOKEN``) owns every 50th run; the rest belong to 49 other
 agents, so the poll's "this agent's effect" condition filters for real.
