@@ -301,6 +301,9 @@ if CELERY_BROKER_URL == "filesystem://":
     _control_dir = VAR_DIR / "celery" / "control"
     for _folder in (_queue_dir, _processed_dir, _control_dir):
         _folder.mkdir(parents=True, exist_ok=True)
+    # Kombu's transport with a message file written whole before a worker sees it
+    # (startsafe/broker.py: kombu's own let make run's worker die on a half-written one).
+    CELERY_BROKER_TRANSPORT = "startsafe.broker:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir),
         "data_folder_out": str(_queue_dir),

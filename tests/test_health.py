@@ -52,12 +52,16 @@ def test_healthz_is_ok_when_the_database_and_the_broker_answer(client, monkeypat
 def test_healthz_is_503_when_the_broker_is_down(client, settings):
     from startsafe.celery import app
 
-    # A port nobody listens on; the check gives up after its short timeout.
+    # A port nobody listens on; the check gives up after its short timeout. The
+    # embedded default names its transport class too (startsafe/broker.py), which
+    # would win over the URL's scheme: Redis's, as a Redis deployment has it.
     app.conf.broker_url = "redis://127.0.0.1:9/0"
+    transport, app.conf.broker_transport = app.conf.broker_transport, None
     try:
         response = client.get("/healthz")
     finally:
         app.conf.broker_url = settings.CELERY_BROKER_URL
+        app.conf.broker_transport = transport
 
     assert response.status_code == 503
     body = response.json()
