@@ -1,6 +1,7 @@
-"""make bench's peer comparison: one four-step agent, made durable three ways.
+"""make bench's peer comparison: one four-step agent, made durable three ways, and
+the floor of the HTTP way.
 
-    python -m bench.peers startsafe|dbos|langgraph     (started by bench/run.py)
+    python -m bench.peers startsafe|floor|dbos|langgraph     (started by bench/run.py)
 
 The agent reads a ticket, then performs three keyed effects (send the reply,
 update the CRM, notify the team); its tools do nothing and return a small dict,
@@ -13,6 +14,19 @@ so what is measured is what each way of making it durable costs:
   keeps connections alive (gunicorn's sync workers, as in production, close each
   one after its answer). The project's server, database and settings of the load
   phase.
+- **the HTTP floor**: not a way to make the agent durable, but the cheapest the
+  startsafe peer could be. The same requests, sent the same way (``httpx``, one
+  keep-alive ``httpx.Client``, one request at a time; gunicorn closes each
+  connection, as startsafe's), to the baseline of the load phase
+  (``bench/baseline/``: a minimal Django project whose one view reads one row by
+  primary key; no middleware, no authentication, no writes), on its own gunicorn
+  with the project's flags: a ``GET`` where startsafe sends a request, so one for
+  the read, two for each effect (record, complete), and one each to start and
+  finish the run. It is the cost of the HTTP requests and of Django answering them
+  with no work but a read by primary key; an effect step that is two HTTP requests
+  to a Django server cannot be cheaper than this row's, whatever the journal does.
+  Its ids are the load phase's (``BENCH_TARGETS``, the file ``bench/lua/read.lua``
+  reads), in turn.
 - **DBOS** (``dbos``): a ``@DBOS.workflow`` calling four ``@DBOS.step`` functions,
   its system database on the same PostgreSQL server (a database of its own).
 - **LangGraph** (``langgraph``, ``langgraph-checkpoint-postgres``): a graph of four
@@ -22,19 +36,20 @@ so what is measured is what each way of making it durable costs:
 
 Each peer runs in a process of its own, started once and warmed, so no library's
 threads or imports share an interpreter with another's; ``bench/run.py`` drives
-them in interleaved rounds (startsafe, DBOS, LangGraph, again), one agent at a
-time, so that the shared machine's slow seconds fall on all three alike.
+them in interleaved rounds (startsafe, the floor, DBOS, LangGraph, again), one
+agent at a time, so that the shared machine's slow seconds fall on all four alike.
 
 What is timed, in the peer's process, with ``time.perf_counter``:
 
 - **a step** where the agent's code calls it: startsafe's ``run.call`` (record, the
-  tool, complete); the call of a DBOS step function (look up a recorded output,
-  the tool, record its output). LangGraph has no such call: its loop runs the
-  nodes, and writes each step's checkpoint between them; a step there is from a
-  node's start to the next node's start, the last one to ``invoke``'s return.
+  tool, complete); the floor's requests and the tool in the same order; the call
+  of a DBOS step function (look up a recorded output, the tool, record its
+  output). LangGraph has no such call: its loop runs the nodes, and writes each
+  step's checkpoint between them; a step there is from a node's start to the next
+  node's start, the last one to ``invoke``'s return.
 - **the whole agent**, start to return: startsafe's run started, four calls, the
-  run finished; DBOS's workflow with its status rows; LangGraph's ``invoke`` with
-  its input checkpoint.
+  run finished; the floor's nine requests; DBOS's workflow with its status rows;
+  LangGraph's ``invoke`` with its input checkpoint.
 
 The protocol on stdin/stdout: the worker prints ``BENCH_READY`` once set up, then
 answers each ``run N STAMP`` line with one ``BENCH_JSON {...}`` line (each agent's
@@ -53,8 +68,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PEERS = ("startsafe", "dbos", "langgraph")
-LABELS = {"startsafe": "startsafe (HTTP)", "dbos": "DBOS", "langgraph": "LangGraph"}
+PEERS = ("startsafe", "floor", "dbos", "langgraph")  # startsafe first: the others' ratios
+LABELS = {
+    "startsafe": "startsafe (HTTP)",
+    "floor": "HTTP floor: a minimal Django view",
+    "dbos": "DBOS",
+    "langgraph": "LangGraph",
+}
+SHORT = {"startsafe": "startsafe", "floor": "HTTP floor", "dbos": "DBOS", "langgraph": "LangGraph"}
 
 
 # --- The agent's tools: no-ops, the same four for every peer ------------------------
@@ -86,7 +107,7 @@ def _ms(since: float) -> float:
     return (time.perf_counter() - since) * 1000
 
 
-# --- The three peers, each set up in its own process --------------------------------
+# --- The peers, each set up in its own process --------------------------------------
 
 
 def startsafe_agent() -> tuple[Agent, Callable[[], None]]:
@@ -110,6 +131,38 @@ def startsafe_agent() -> tuple[Agent, Callable[[], None]]:
         return _ms(started), steps
 
     return agent, client.close
+
+
+def floor_agent() -> tuple[Agent, Callable[[], None]]:
+    import httpx
+
+    lines = Path(os.environ["BENCH_TARGETS"]).read_text().splitlines()
+    ids = [line.split()[0] for line in lines if line.strip()]
+    http = httpx.Client(base_url=os.environ["BENCH_PEER_URL"])
+    turn = 0
+
+    def get() -> None:
+        nonlocal turn
+        answer = http.get(f"/baseline/{ids[turn % len(ids)]}")
+        turn += 1
+        answer.raise_for_status()  # a 404 would be cheaper than the floor
+        answer.json()
+
+    def agent(ticket: str) -> tuple[float, list[float]]:
+        started = time.perf_counter()
+        steps = []
+        get()  # where startsafe's run starts
+        for n, tool in enumerate(TOOLS):
+            step = time.perf_counter()
+            get()  # the read's one request; an effect's record
+            tool(ticket)
+            if n:
+                get()  # an effect's complete
+            steps.append(_ms(step))
+        get()  # where startsafe's run finishes
+        return _ms(started), steps
+
+    return agent, http.close
 
 
 def dbos_agent() -> tuple[Agent, Callable[[], None]]:
@@ -190,7 +243,12 @@ def langgraph_agent() -> tuple[Agent, Callable[[], None]]:
     return agent, lambda: saver_context.__exit__(None, None, None)
 
 
-SETUP = {"startsafe": startsafe_agent, "dbos": dbos_agent, "langgraph": langgraph_agent}
+SETUP = {
+    "startsafe": startsafe_agent,
+    "floor": floor_agent,
+    "dbos": dbos_agent,
+    "langgraph": langgraph_agent,
+}
 
 
 def serve(name: str) -> None:
@@ -260,7 +318,8 @@ def measure(envs: dict[str, dict], rounds: int, agents: int, log=print) -> dict:
     """Interleaved rounds of ``agents`` agents per peer; medians, p90s and ratios.
 
     ``envs``: each peer's environment (``BENCH_PEER_URL``: the startsafe server's
-    address, or the peer's own database).
+    address, the baseline's, or the peer's own database; the floor's
+    ``BENCH_TARGETS``).
     """
     workers: dict[str, Worker] = {}
     try:
@@ -310,12 +369,15 @@ def summarize(got: dict[str, list[dict]]) -> dict:
 
 def render(peers: dict, rounds: int) -> list[str]:
     """The report's peer table (bench/run.py puts it after the load table)."""
-    ours = peers["startsafe"]
+    ours, floor = peers["startsafe"], peers["floor"]
     lines = [
         f"Peers: the same four-step agent (a read, three keyed effects; no-op tools), "
         f"{ours['agents']} agents for each peer, one at a time, in {rounds} interleaved "
-        "rounds (startsafe, DBOS, LangGraph), each peer in a process of its own; "
-        "milliseconds (`bench/peers.py` says what each measures).",
+        f"rounds ({', '.join(SHORT[name] for name in PEERS)}), each peer "
+        "in a process of its own; milliseconds (`bench/peers.py` says what each "
+        "measures). The HTTP floor sends startsafe's requests as `GET`s to the baseline's "
+        "view, which reads one row and writes nothing: an effect step of two HTTP "
+        "requests to Django cannot be cheaper than the floor's.",
         "",
         "| peer | effect step p50 ms | p90 ms | read step p50 ms | any step p50 ms "
         "| p90 ms | whole agent p50 ms | p90 ms | startsafe's effect step ÷ this "
@@ -331,21 +393,25 @@ def render(peers: dict, rounds: int) -> list[str]:
             f"{ours['effect_p50'] / p['effect_p50']:.2f} | "
             f"{ours['agent_p50'] / p['agent_p50']:.2f} |"
         )
-    lines += [
-        "",
-        "Round by round, startsafe's effect step (median) over the peer's of the same "
-        "round: "
-        + "; ".join(
-            f"{LABELS[name]} "
+
+    def by_round(of: dict, peer_names: tuple[str, ...]) -> str:
+        return "; ".join(
+            f"{SHORT[name]} "
             + ", ".join(
                 f"{a / b:.2f}"
                 for a, b in zip(
-                    ours["round_effect_p50"], peers[name]["round_effect_p50"], strict=True
+                    of["round_effect_p50"], peers[name]["round_effect_p50"], strict=True
                 )
             )
-            for name in PEERS[1:]
+            for name in peer_names
         )
-        + ".",
+
+    libraries = tuple(name for name in PEERS if name not in ("startsafe", "floor"))
+    lines += [
+        "",
+        "Round by round, startsafe's effect step (median) over the peer's of the same "
+        f"round: {by_round(ours, PEERS[1:])}. The HTTP floor's over the libraries' "
+        f"(what two requests cost before any journal work): {by_round(floor, libraries)}.",
         "",
     ]
     return lines

@@ -11,8 +11,9 @@
    with ``If-None-Match`` (304), and record + complete; interleaved in rounds, so
    the noise of a shared machine hits all of them alike, and reported as ratios.
 4. Runs the same four-step agent through startsafe (over HTTP, on that server),
-   DBOS and LangGraph (each on a database of its own on the same PostgreSQL), in
-   interleaved rounds (``bench/peers.py``).
+   its HTTP floor (the same requests to the baseline), DBOS and LangGraph (each on
+   a database of its own on the same PostgreSQL), in interleaved rounds
+   (``bench/peers.py``).
 5. Times the console's pages in-process (Django's test client) with their query
    counts, then the sweep in a fresh process with its peak memory.
 6. Writes the table into ``docs/performance.md`` and drops the databases.
@@ -598,17 +599,20 @@ def main() -> None:
         }
         results["loadavg"] = os.getloadavg()
         results["web_rss_mb"] = max(peak_rss_mb(pid) for pid in children_of(servers[0].pid))
-        baseline_server = servers.pop()  # the baseline's part is done
-        baseline_server.terminate()
-        baseline_server.wait(timeout=30)
 
-        if args.peer_agents:
-            log("peers: startsafe, DBOS, LangGraph")
+        if args.peer_agents:  # the baseline serves on: the peers' HTTP floor
+            log(f"peers: {', '.join(peers.SHORT[name] for name in peers.PEERS)}")
             for peer_url in peer_urls.values():
                 recreate_database(peer_url)
             peer_env = {**env, "BENCH_TOKEN": BENCH_TOKEN}
             envs = {
                 "startsafe": {**peer_env, "BENCH_PEER_URL": base},
+                # The ids the load phase's baseline reads (read.lua's BENCH_TARGETS).
+                "floor": {
+                    **peer_env,
+                    "BENCH_PEER_URL": baseline_base,
+                    "BENCH_TARGETS": str(targets),
+                },
                 **{
                     name: {**peer_env, "BENCH_PEER_URL": psycopg_dsn(peer_url)}
                     for name, peer_url in peer_urls.items()
