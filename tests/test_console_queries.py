@@ -34,10 +34,10 @@ def test_the_queue_makes_a_constant_number_of_queries(
     with django_assert_max_num_queries(11):
         response = client.get("/")
     assert response.status_code == 200
-    # Each section capped (QUEUE_LIMITS): 50 nearest deadlines, 25 stopped runs, 25 unknown.
+    # Each section capped (QUEUE_LIMITS): 25 nearest deadlines, 15 stopped runs, 15 unknown.
     html = response.content.decode()
-    assert html.count('class="item"') == 50 + 25 + 25
-    assert "Showing the 50 nearest deadlines of 80." in html
+    assert html.count('class="item"') == 25 + 15 + 15
+    assert "Showing the 25 nearest deadlines of 80." in html
     assert 'href="/?more=1"' in html
 
 
@@ -47,7 +47,7 @@ def test_show_more_lists_every_row_up_to_its_cap_at_the_same_query_count(
     client.force_login(operator)
     stopped = needs_decision_runs().count()
     unknown = Effect.objects.filter(status="unknown").count()
-    assert stopped > 25 and unknown > 25
+    assert stopped > 15 and unknown > 15
     with django_assert_max_num_queries(16):
         response = client.get("/?more=1")
     html = response.content.decode()
