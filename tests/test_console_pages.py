@@ -171,6 +171,10 @@ def test_the_run_page_shows_attempts_side_by_side_and_orphans(client, viewer, ag
     assert "Orphans" in html and reverse("console:effect", args=[first.effect.pk]) in html
     assert "Is it safe to start again?" in html
     assert "Restart hand-offs" in html and "HTTP 503" in html
+    # The audit trail's card (_events.html's audit-card), with the run's events.
+    card = html.split('<section class="card" aria-labelledby="run-audit-title">')[1]
+    card = card.split("</section>")[0]
+    assert '<h2 id="run-audit-title">Audit trail</h2>' in card and "handoff_try" in card
 
 
 def test_the_run_page_offers_actions_only_to_operators_of_a_stopped_run(
@@ -215,6 +219,9 @@ def test_the_effect_page_shows_versions_with_diffs_authors_and_approvals(
     assert '<span class="d-add">+  &quot;subject&quot;: &quot;Winter SALE&quot;' in html
     assert "oscar approved" in html and "no longer counts" in html
     assert reverse("console:approve", args=[effect.pk]) in html
+    card = html.split('<section class="card" aria-labelledby="audit-title">')[1]
+    card = card.split("</section>")[0]
+    assert '<h2 id="audit-title">Audit trail</h2>' in card and "ok by me" in card
 
 
 def _elements(node, name: str) -> list[Element]:

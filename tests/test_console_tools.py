@@ -162,6 +162,8 @@ def test_a_tools_page_shows_its_history_policy_state_and_counts(client, viewer, 
     assert "Declaration history (2)" in html
     assert html.count('tone-info">latest') == 1
     assert "No policy: the declaration in force applies." in html
+    card = html.split('<section class="card" aria-labelledby="audit-title">')[1]
+    assert '<h2 id="audit-title">Audit trail</h2>' in card.split("</section>")[0]
     # A viewer reads: no confirm, no policy form.
     assert "Confirm this tool" not in html and "Edit the policy" not in html
 
