@@ -4,10 +4,12 @@ The messages are an outbox (``SlackMessage``, one row per effect and purpose):
 ``collect_slack_messages`` writes a row for each effect that started awaiting
 approval or was escalated, from the audit log as ``collect_notifications`` does, and
 marks a posted message due again when its effect changed; ``send_slack_messages``
-posts each new row once and updates a posted one in place (chat.update). Any change
-of an effect that a message shows queues the ``slack`` task after its commit, so the
-message follows the console within seconds; the periodic run catches what that
-missed. The buttons carry the effect's id and the ``args_hash`` they showed;
+posts each new row once and updates a posted one in place (chat.update). Each post
+carries message metadata naming its row, so a post whose answer was lost (a timeout,
+a worker that died) is found in the channel's history and adopted, not posted again.
+Any change of an effect that a message shows queues the ``slack`` task after its
+commit, so the message follows the console within seconds; the periodic run catches
+what that missed. The buttons carry the effect's id and the ``args_hash`` they showed;
 ``approvals/views_slack.py`` decides with them through ``approvals/decisions.py``.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -53,6 +56,18 @@ PREVIEW_SHOWN = 500
 MAX_BACKOFF = 600
 # Seconds one Web API call may take.
 TIMEOUT = 10
+# The message metadata's event type; its payload names the row (``message_id``).
+EVENT_TYPE = "startsafe_approval"
+# Looking a post up: the history from this many seconds before its first try (our
+# clock against Slack's), read newest first, at most LOOKUP_PAGES pages of LOOKUP_PAGE.
+LOOKUP_SKEW = 60
+LOOKUP_PAGE = 200
+LOOKUP_PAGES = 5
+# What conversations.history answers when it can never look: the app lacks the
+# channels:history / groups:history scope, or posts where it is no member.
+CANNOT_LOOK = {"missing_scope", "not_in_channel"}
+# A channel's id (C…, G…); a channel given by name cannot be looked up.
+CHANNEL_ID = re.compile(r"[CGD][A-Z0-9]{2,}")
 
 APPROVE = "approve"
 REJECT = "reject"
@@ -332,6 +347,8 @@ class SlackReport:
     skipped: int = 0
     # Rows put back until a 429's Retry-After passes.
     deferred: int = 0
+    # Posts whose answer was lost, found in the channel's history and not posted again.
+    found: int = 0
 
 
 def claim_due_messages(now: datetime) -> list[SlackMessage]:
@@ -353,12 +370,19 @@ def send_slack_messages(now: datetime) -> SlackReport:
     """Post each claimed new row once; update each posted one in place.
 
     1. Claim the due rows.
-    2. A row without ``ts`` whose effect no longer awaits approval is not news:
+    2. A row without ``ts`` whose post was tried before (``post_tried_at``) may be
+       in Slack already: it is looked up first (``find_posted``). Found, its channel
+       and ts are saved and it is a posted row from then on (updated if its effect
+       changed since that post). A lookup that fails counts as a failed try, never
+       as "not there"; one Slack will never answer (no history scope, a channel
+       given by name) lets the row be posted as before, with a warning.
+    3. A row without ``ts`` whose effect no longer awaits approval is not news:
        ``obsolete``, not posted. Any other row without ``ts`` is posted
-       (chat.postMessage); the answer's channel and
-       ts are saved at once, whoever holds the claim, so it is never posted again.
-       A row with ``ts`` is updated (chat.update).
-    3. A 429 puts this row and the rest of the batch back until its Retry-After
+       (chat.postMessage, its row named in the message's metadata), ``post_tried_at``
+       saved before the call; the answer's channel and ts are saved at once,
+       whoever holds the claim, so it is never posted again. A row with ``ts`` is
+       updated (chat.update).
+    4. A 429 puts this row and the rest of the batch back until its Retry-After
        passes, without counting a try: Slack limits the app, not one message.
        Any other failure goes back with back-off; after ``NOTIFY_MAX_TRIES``,
        ``given_up`` with its last error (shown in the admin).
@@ -368,25 +392,44 @@ def send_slack_messages(now: datetime) -> SlackReport:
     if not rows:
         return report
     client = web_client()
+    # Why a lookup could not be made, each logged once per run.
+    warned: set[str] = set()
     for index, row in enumerate(rows):
         effect = row.effect
-        if not row.ts and effect.status != EffectStatus.AWAITING_APPROVAL:
-            # Decided before its message went out: no longer news (as e-mail's
-            # _still_news). Should it await approval again, it is posted then.
-            SlackMessage.objects.filter(pk=row.pk, claim=row.claim).update(
-                status=OutboxStatus.OBSOLETE, shown_revision=effect.revision
-            )
-            report.skipped += 1
-            continue
         text, blocks = render_message(effect, row.purpose)
+        done = "updated"
         try:
-            if row.ts:
-                client.chat_update(channel=row.channel, ts=row.ts, text=text, blocks=blocks)
-            else:
-                answer = client.chat_postMessage(channel=row.channel, text=text, blocks=blocks)
+            if not row.ts and row.post_tried_at is not None:
+                found = find_posted(client, row, warned)
+                if found is not None:
+                    row.channel, row.ts, shown = found
+                    SlackMessage.objects.filter(pk=row.pk).update(channel=row.channel, ts=row.ts)
+                    logger.info(kv("slack_post_found", effect=row.effect_id, purpose=row.purpose))
+                    report.found += 1
+                    done = "found" if shown == effect.revision else "updated"
+            if not row.ts and effect.status != EffectStatus.AWAITING_APPROVAL:
+                # Decided before its message went out: no longer news (as e-mail's
+                # _still_news). Should it await approval again, it is posted then.
+                SlackMessage.objects.filter(pk=row.pk, claim=row.claim).update(
+                    status=OutboxStatus.OBSOLETE, shown_revision=effect.revision
+                )
+                report.skipped += 1
+                continue
+            if not row.ts:
+                done = "posted"
+                if row.post_tried_at is None:
+                    row.post_tried_at = now
+                    SlackMessage.objects.filter(pk=row.pk, post_tried_at__isnull=True).update(
+                        post_tried_at=now
+                    )
+                answer = client.chat_postMessage(
+                    channel=row.channel, text=text, blocks=blocks, metadata=metadata(row, effect)
+                )
                 SlackMessage.objects.filter(pk=row.pk).update(
                     channel=answer["channel"], ts=answer["ts"]
                 )
+            elif done == "updated":
+                client.chat_update(channel=row.channel, ts=row.ts, text=text, blocks=blocks)
         except SlackApiError as exc:
             if exc.response.status_code == 429:
                 wait = retry_after(exc.response)
@@ -406,10 +449,14 @@ def send_slack_messages(now: datetime) -> SlackReport:
             _failed(row, f"slack: {type(exc).__name__}", now)
             report.failures += 1
             continue
-        if row.ts:
-            report.updated += 1
-        else:
+        except LookupUnsettled as exc:
+            _failed(row, f"slack: {exc}", now)
+            report.failures += 1
+            continue
+        if done == "posted":
             report.posted += 1
+        elif done == "updated":
+            report.updated += 1
         SlackMessage.objects.filter(pk=row.pk, claim=row.claim, status=OutboxStatus.SENDING).update(
             status=OutboxStatus.SENT,
             shown_revision=effect.revision,
@@ -418,6 +465,70 @@ def send_slack_messages(now: datetime) -> SlackReport:
             sent_at=now,
         )
     return report
+
+
+def metadata(row: SlackMessage, effect: Effect) -> dict:
+    """The message metadata a post carries: its row, and the effect's revision shown."""
+    return {
+        "event_type": EVENT_TYPE,
+        "event_payload": {"message_id": str(row.pk), "revision": effect.revision},
+    }
+
+
+class LookupUnsettled(Exception):
+    """The history was read as far as a lookup goes, and the post was neither found
+    nor shown absent: retried later, never posted blind."""
+
+
+def find_posted(client: WebClient, row: SlackMessage, warned: set[str]):
+    """Where an earlier post of ``row`` is in Slack: (channel, ts, the revision it
+    showed), or None when no post of it is there.
+
+    The channel's history since ``LOOKUP_SKEW`` seconds before the row's first try,
+    with every message's metadata (conversations.history, ``include_all_metadata``),
+    newest first, page by page up to ``LOOKUP_PAGES``; a message whose metadata names
+    this row is its post. A channel given by name, or an app without the history
+    scopes (``missing_scope``) or outside the channel (``not_in_channel``), cannot
+    look: None (the row is posted, at the old risk of a second message), with a
+    warning once per run. Any other failure raises (a failed try, or a 429)."""
+    cannot = "" if CHANNEL_ID.fullmatch(row.channel) else "channel_given_by_name"
+    oldest = f"{row.post_tried_at.timestamp() - LOOKUP_SKEW:.6f}"
+    cursor = None
+    for _ in range(LOOKUP_PAGES if not cannot else 0):
+        try:
+            page = client.conversations_history(
+                channel=row.channel,
+                oldest=oldest,
+                include_all_metadata=True,
+                limit=LOOKUP_PAGE,
+                cursor=cursor,
+            )
+        except SlackApiError as exc:
+            cannot = exc.response.get("error") or ""
+            if cannot not in CANNOT_LOOK:
+                raise
+            break
+        for message in page.get("messages") or []:
+            meta = message.get("metadata") or {}
+            payload = meta.get("event_payload") or {}
+            if meta.get("event_type") == EVENT_TYPE and payload.get("message_id") == str(row.pk):
+                return row.channel, message["ts"], payload.get("revision")
+        cursor = (page.get("response_metadata") or {}).get("next_cursor")
+        if not cursor:
+            return None
+    if not cannot:
+        raise LookupUnsettled(f"not found in the last {LOOKUP_PAGES * LOOKUP_PAGE} messages")
+    if cannot not in warned:
+        warned.add(cannot)
+        logger.warning(
+            kv(
+                "slack_lookup_impossible",
+                reason=cannot,
+                channel=row.channel,
+                then="posted unlooked",
+            )
+        )
+    return None
 
 
 def _failed(row: SlackMessage, error: str, now: datetime) -> None:
@@ -449,6 +560,7 @@ def sync_slack(now: datetime | None = None) -> SlackReport:
         "skipped": report.skipped,
         "failures": report.failures,
         "deferred": report.deferred,
+        "found": report.found,
     }
     logger.info(kv("slack", **counts, duration=f"{duration:.4f}"))
     error = "Slack refused or failed" if report.failures else ""

@@ -3,12 +3,17 @@ signs them, for the Slack tests (approvals/slack.py, approvals/views_slack.py).
 
 ``FakeSlack`` answers the methods startsafe calls with Slack-shaped JSON and records
 every call; ``fail_next`` makes the next call of a method fail as Slack fails (a 429
-with Retry-After, an ``ok: false`` error). The ``slack`` fixture turns Slack on with
-slack_sdk's ``base_url`` pointed at it.
+with Retry-After, an ``ok: false`` error), and ``drop_next`` closes the connection of
+the next call unanswered, after doing it or before. It keeps each channel's messages
+(with their metadata) and answers ``conversations.history`` as Slack does: by channel
+id, newest first, ``oldest`` / ``latest`` / ``limit`` and cursor paging, metadata
+only with ``include_all_metadata``, ``missing_scope`` without its scopes. The
+``slack`` fixture turns Slack on with slack_sdk's ``base_url`` pointed at it.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -28,6 +33,8 @@ CHANNEL = "#approvals"
 ESCALATION_CHANNEL = "#escalations"
 # What Slack answers as the channel id of each channel name.
 CHANNEL_IDS = {CHANNEL: "C0APPROVALS", ESCALATION_CHANNEL: "C0ESCALATE"}
+# The bot token's scopes: conversations.history needs a history one.
+SCOPES = {"chat:write", "users:read", "users:read.email", "channels:history", "groups:history"}
 INTERACTIONS = "/integrations/slack/interactions"
 
 
@@ -38,6 +45,11 @@ class FakeSlack:
         self.members: dict[str, dict] = {}
         # method -> [(status, body, headers)], each used once.
         self.failures: dict[str, list[tuple[int, dict, dict]]] = {}
+        # method -> ["after" | "before"]: the connection closed unanswered, each once.
+        self.drops: dict[str, list[str]] = {}
+        # channel id -> its messages, oldest first.
+        self.history: dict[str, list[dict]] = {}
+        self.scopes = set(SCOPES)
         self.lock = threading.Lock()
         self.next_ts = 1
         fake = self
@@ -53,8 +65,19 @@ class FakeSlack:
                             "auth": self.headers.get("Authorization"),
                         }
                     )
+                    dropped = fake.drops.get(method)
+                    drop = dropped.pop(0) if dropped else ""
                     queued = fake.failures.get(method)
-                    answer = queued.pop(0) if queued else (200, fake.reply(method, params), {})
+                    if drop == "before":
+                        answer = None
+                    elif queued:
+                        answer = queued.pop(0)
+                    else:
+                        answer = (200, fake.reply(method, params), {})
+                if drop:
+                    # Done or not, the caller never hears: as a timeout, a reset.
+                    self.close_connection = True
+                    return
                 status, body, headers = answer
                 data = json.dumps(body).encode()
                 self.send_response(status)
@@ -86,12 +109,29 @@ class FakeSlack:
     def reply(self, method: str, params: dict) -> dict:
         """Slack's answer to a successful call (called under the lock)."""
         if method == "chat.postMessage":
-            ts = f"1700000000.{self.next_ts:06d}"
+            # Slack's ts: the time it was posted, unique in its channel.
+            ts = f"{int(time.time())}.{self.next_ts:06d}"
             self.next_ts += 1
             channel = CHANNEL_IDS.get(params["channel"], params["channel"])
-            return {"ok": True, "channel": channel, "ts": ts, "message": {"ts": ts}}
+            message = {
+                "type": "message",
+                "ts": ts,
+                "bot_id": "B0STARTSAFE",
+                "app_id": "A0APP",
+                "text": params.get("text", ""),
+                "blocks": params.get("blocks") or [],
+            }
+            if params.get("metadata"):
+                message["metadata"] = params["metadata"]
+            self.history.setdefault(channel, []).append(message)
+            return {"ok": True, "channel": channel, "ts": ts, "message": message}
         if method == "chat.update":
+            for message in self.history.get(params["channel"], []):
+                if message["ts"] == params["ts"]:
+                    message.update(text=params.get("text", ""), blocks=params.get("blocks") or [])
             return {"ok": True, "channel": params["channel"], "ts": params["ts"]}
+        if method == "conversations.history":
+            return self.read_history(params)
         if method == "chat.postEphemeral":
             return {"ok": True, "message_ts": "1700000000.999999"}
         if method == "views.open":
@@ -103,8 +143,51 @@ class FakeSlack:
             )
         return {"ok": False, "error": "unknown_method"}
 
+    def read_history(self, params: dict) -> dict:
+        """conversations.history: newest first, ``oldest`` < ts < ``latest``."""
+        if not self.scopes & {"channels:history", "groups:history"}:
+            return {
+                "ok": False,
+                "error": "missing_scope",
+                "needed": "channels:history,groups:history",
+                "provided": ",".join(sorted(self.scopes)),
+            }
+        if params.get("channel") not in CHANNEL_IDS.values():  # by id only, as Slack
+            return {"ok": False, "error": "channel_not_found"}
+        oldest = float(params.get("oldest") or 0)
+        latest = float(params.get("latest") or time.time() + 1)
+        everything = str(params.get("include_all_metadata")).lower() in ("1", "true")
+        shown = []
+        for message in reversed(self.history.get(params["channel"], [])):
+            if oldest < float(message["ts"]) < latest:
+                message = dict(message)
+                if "metadata" in message and not everything:
+                    message["metadata"] = {"event_type": message["metadata"]["event_type"]}
+                shown.append(message)
+        start = int(base64.b64decode(params["cursor"])) if params.get("cursor") else 0
+        limit = min(int(params.get("limit") or 100), 999)
+        page = shown[start : start + limit]
+        more = start + limit < len(shown)
+        cursor = base64.b64encode(str(start + limit).encode()).decode() if more else ""
+        return {
+            "ok": True,
+            "messages": page,
+            "has_more": more,
+            "response_metadata": {"next_cursor": cursor},
+        }
+
     def fail_next(self, method: str, status: int, body: dict, headers: dict | None = None):
         self.failures.setdefault(method, []).append((status, body, headers or {}))
+
+    def drop_next(self, method: str, *, done: bool):
+        """Close the next call of ``method`` unanswered: ``done`` after doing it (the
+        answer lost), else before (the call never reached Slack)."""
+        self.drops.setdefault(method, []).append("after" if done else "before")
+
+    def messages(self, channel: str) -> list[dict]:
+        """The messages in ``channel`` (its id), oldest first."""
+        with self.lock:
+            return list(self.history.get(channel, []))
 
     def made(self, method: str) -> list[dict]:
         """The parameters of every call of ``method``, in order."""

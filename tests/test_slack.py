@@ -20,10 +20,12 @@ from runs.audit import SYSTEM, record_event
 from runs.models import AuditEvent, Effect, TaskState
 from startsafe.settings import _slack_settings
 from tests.lifecycle_helpers import send
-from tests.slack_fake import CHANNEL, ESCALATION_CHANNEL, FakeSlack
+from tests.slack_fake import CHANNEL, CHANNEL_IDS, ESCALATION_CHANNEL, FakeSlack
 from tests.slack_fake import awaiting_effect as _awaiting
 
 pytestmark = pytest.mark.django_db
+
+CHANNEL_ID = CHANNEL_IDS[CHANNEL]
 
 
 @pytest.fixture(autouse=True)
@@ -200,6 +202,168 @@ def test_a_refused_post_backs_off_and_is_given_up_after_the_tries(
 
     row.refresh_from_db()
     assert (row.status, row.tries) == ("given_up", 2)
+
+
+# --- A post whose answer was lost is found, not posted again ------------------------
+
+
+@pytest.fixture
+def by_id(slack: FakeSlack, settings) -> FakeSlack:
+    """The channel given by its id, as the lookup needs (conversations.history)."""
+    settings.STARTSAFE = {**settings.STARTSAFE, "SLACK_CHANNEL": CHANNEL_ID}
+    return slack
+
+
+def test_a_post_whose_answer_was_lost_is_found_by_its_metadata_and_not_posted_again(
+    agent, operator, by_id: FakeSlack
+):
+    effect = _awaiting(agent, 1)
+    by_id.drop_next("chat.postMessage", done=True)  # Slack posts it; we never hear
+    now = timezone.now()
+
+    first = sync_slack(now)
+
+    assert first.failures == 1 and first.posted == 0
+    row = SlackMessage.objects.get()
+    assert (row.ts, row.tries, row.post_tried_at) == ("", 1, now)
+    (lost,) = by_id.messages(CHANNEL_ID)
+    assert lost["metadata"] == {
+        "event_type": "startsafe_approval",
+        "event_payload": {"message_id": str(row.pk), "revision": effect.revision},
+    }
+
+    again = sync_slack(now + timedelta(seconds=3))
+
+    assert (again.found, again.posted, again.updated, again.failures) == (1, 0, 0, 0)
+    assert by_id.messages(CHANNEL_ID) == [lost]  # one message, still
+    assert len(by_id.made("chat.postMessage")) == 1 and by_id.made("chat.update") == []
+    (look,) = by_id.made("conversations.history")
+    assert look["channel"] == CHANNEL_ID and look["include_all_metadata"] in ("1", "true")
+    assert float(look["oldest"]) == pytest.approx(now.timestamp() - 60)
+    row.refresh_from_db()
+    assert (row.status, row.channel, row.ts, row.tries) == ("sent", CHANNEL_ID, lost["ts"], 0)
+    assert row.shown_revision == effect.revision
+
+
+def test_a_worker_that_died_between_the_post_and_saving_its_ts_leaves_it_to_be_found(
+    agent, operator, by_id: FakeSlack
+):
+    _awaiting(agent, 1)
+    now = timezone.now()
+    sync_slack(now)
+    (posted,) = by_id.messages(CHANNEL_ID)
+    # What the dead worker left: the post tried, no ts saved, no try counted, its
+    # claim's lease running out.
+    SlackMessage.objects.update(ts="", channel=CHANNEL_ID, status="sending", due_at=now)
+
+    again = sync_slack(now + timedelta(seconds=1))
+
+    assert again.found == 1 and again.posted == 0
+    assert by_id.messages(CHANNEL_ID) == [posted]
+    assert SlackMessage.objects.get().ts == posted["ts"]
+
+
+def test_a_post_that_never_reached_slack_is_posted_once_by_the_retry(
+    agent, operator, by_id: FakeSlack
+):
+    _awaiting(agent, 1)
+    by_id.drop_next("chat.postMessage", done=False)
+    now = timezone.now()
+
+    assert sync_slack(now).failures == 1 and by_id.messages(CHANNEL_ID) == []
+    again = sync_slack(now + timedelta(seconds=3))
+
+    assert again.posted == 1 and again.found == 0
+    assert len(by_id.made("conversations.history")) == 1  # looked, found nothing
+    (message,) = by_id.messages(CHANNEL_ID)
+    assert SlackMessage.objects.get().ts == message["ts"]
+
+
+def test_a_first_post_looks_nothing_up(agent, operator, by_id: FakeSlack):
+    _awaiting(agent, 1)
+    _awaiting(agent, 2)
+
+    assert sync_slack().posted == 2
+
+    assert by_id.made("conversations.history") == []
+    assert [c["method"] for c in by_id.calls] == ["chat.postMessage"] * 2
+
+
+def test_the_lookup_pages_back_and_an_effect_decided_since_gets_its_found_message_updated(
+    agent, operator, by_id: FakeSlack, monkeypatch
+):
+    monkeypatch.setattr("approvals.slack.LOOKUP_PAGE", 2)
+    effect = _awaiting(agent, 1)
+    by_id.drop_next("chat.postMessage", done=True)
+    now = timezone.now()
+    sync_slack(now)
+    for n in (2, 3, 4):  # three newer messages: the lost one is on the second page
+        _awaiting(agent, n)
+    assert sync_slack(now + timedelta(seconds=1)).posted == 3
+    approve_effect(operator, effect.pk, args_hash=effect.args_hash)
+
+    again = sync_slack(now + timedelta(seconds=3))
+
+    assert (again.found, again.updated, again.posted, again.skipped) == (1, 1, 0, 0)
+    pages = by_id.made("conversations.history")
+    assert len(pages) == 2 and "cursor" not in pages[0] and pages[1]["cursor"]
+    assert len(by_id.messages(CHANNEL_ID)) == 4
+    lost = by_id.messages(CHANNEL_ID)[0]
+    (update,) = by_id.made("chat.update")
+    assert update["ts"] == lost["ts"] and "Approved by olivia" in _text(update["blocks"])
+    assert set(_buttons(lost["blocks"])) == {"open_console"}  # its buttons are gone
+
+
+def test_a_lookup_that_cannot_settle_it_is_a_failed_try_never_a_blind_post(
+    agent, operator, by_id: FakeSlack, monkeypatch
+):
+    monkeypatch.setattr("approvals.slack.LOOKUP_PAGE", 1)
+    monkeypatch.setattr("approvals.slack.LOOKUP_PAGES", 1)
+    _awaiting(agent, 1)
+    by_id.drop_next("chat.postMessage", done=False)
+    now = timezone.now()
+    sync_slack(now)
+    _awaiting(agent, 2)
+    _awaiting(agent, 3)
+    sync_slack(now + timedelta(seconds=1))  # two newer messages: more than a page
+    by_id.drop_next("conversations.history", done=False)  # then the network fails
+
+    for later in (3, 10):
+        assert sync_slack(now + timedelta(seconds=later)).failures == 1
+
+    assert len(by_id.made("chat.postMessage")) == 3  # the lost try, effects 2 and 3
+    row = SlackMessage.objects.order_by("id").first()
+    assert (row.status, row.ts, row.tries) == ("pending", "", 3)
+    assert row.last_error == "slack: not found in the last 1 messages"
+
+
+@pytest.mark.parametrize("why", ["missing_scope", "channel_given_by_name"])
+def test_a_lookup_slack_will_never_answer_posts_anyway_with_one_warning_per_run(
+    agent, operator, by_id: FakeSlack, settings, caplog, why
+):
+    if why == "missing_scope":
+        by_id.scopes -= {"channels:history", "groups:history"}
+    else:
+        settings.STARTSAFE = {**settings.STARTSAFE, "SLACK_CHANNEL": CHANNEL}
+    _awaiting(agent, 1)
+    _awaiting(agent, 2)
+    by_id.drop_next("chat.postMessage", done=True)
+    by_id.drop_next("chat.postMessage", done=True)
+    now = timezone.now()
+    sync_slack(now)
+
+    with caplog.at_level("WARNING", logger="startsafe.slack"):
+        again = sync_slack(now + timedelta(seconds=3))
+
+    # The old risk, said in the log: each lost post is posted a second time.
+    assert again.posted == 2 and again.found == 0
+    assert len(by_id.messages(CHANNEL_ID)) == 4
+    warnings = [
+        r.getMessage() for r in caplog.records if "slack_lookup_impossible" in r.getMessage()
+    ]
+    assert len(warnings) == 1 and why in warnings[0]
+    looked = by_id.made("conversations.history")
+    assert len(looked) == (2 if why == "missing_scope" else 0)
 
 
 def test_an_escalation_is_posted_once_to_the_escalation_channel(agent, operator, slack: FakeSlack):
