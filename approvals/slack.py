@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core import checks
 from django.db import connection, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.urls import reverse
@@ -82,6 +83,31 @@ def _conf(name: str):
 
 def slack_enabled() -> bool:
     return bool(_conf("SLACK_BOT_TOKEN") and _conf("SLACK_SIGNING_SECRET"))
+
+
+@checks.register()
+def check_channels_are_ids(app_configs, **kwargs) -> list[checks.Warning]:
+    """A channel given by name (``#approvals``) works for posting, but a post whose
+    answer was lost cannot be looked up (conversations.history takes only an id), so
+    it may be posted twice (``find_posted``; docs/slack.md, "Delivery")."""
+    if not slack_enabled():
+        return []
+    names = [
+        f"STARTSAFE_{name}={_conf(name)}"
+        for name in ("SLACK_CHANNEL", "SLACK_ESCALATION_CHANNEL")
+        if _conf(name) and not CHANNEL_ID.fullmatch(_conf(name))
+    ]
+    if not names:
+        return []
+    return [
+        checks.Warning(
+            f"Slack channel given by name ({', '.join(names)}): a post whose answer was "
+            "lost cannot be found in the channel's history, and may be posted twice.",
+            hint="Give the channel's id instead (in Slack: the channel's details, About, "
+            "at the bottom; it looks like C0123ABCD).",
+            id="startsafe.W002",
+        )
+    ]
 
 
 def web_client() -> WebClient:

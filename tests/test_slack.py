@@ -10,6 +10,8 @@ import json
 from datetime import timedelta
 
 import pytest
+from django.core import checks
+from django.core.management import call_command
 from django.db import transaction
 from django.utils import timezone
 
@@ -466,3 +468,27 @@ def test_which_changes_a_message_shows_is_one_rule_in_python_and_in_sql(
     assert AuditEvent.objects.filter(CHANGES_A_MESSAGE, pk=event.pk).exists() is shown
     event.effect = None  # an event of no effect changes no message
     assert not changes_a_message(event)
+
+
+def test_the_system_checks_warn_about_a_channel_given_by_name(slack, settings):
+    def warnings() -> list[str]:
+        return [m.msg for m in checks.run_checks() if m.id == "startsafe.W002"]
+
+    # The fixture's channels are names (#approvals, #escalations): both are named.
+    [message] = warnings()
+    assert "STARTSAFE_SLACK_CHANNEL=#approvals" in message
+    assert "STARTSAFE_SLACK_ESCALATION_CHANNEL=#escalations" in message
+    # Ids: no warning; and none while Slack is off.
+    settings.STARTSAFE = {
+        **settings.STARTSAFE,
+        "SLACK_CHANNEL": "C0APPROVALS",
+        "SLACK_ESCALATION_CHANNEL": "",
+    }
+    assert warnings() == []
+    settings.STARTSAFE = {
+        **settings.STARTSAFE,
+        "SLACK_CHANNEL": "#approvals",
+        "SLACK_BOT_TOKEN": "",
+    }
+    assert warnings() == []
+    call_command("check")  # a warning never stops the start
