@@ -59,8 +59,9 @@ MAX_BACKOFF = 600
 TIMEOUT = 10
 # The message metadata's event type; its payload names the row (``message_id``).
 EVENT_TYPE = "startsafe_approval"
-# Looking a post up: the history from this many seconds before its first try (our
-# clock against Slack's), read newest first, at most LOOKUP_PAGES pages of LOOKUP_PAGE.
+# Looking a post up: the history from this many seconds before its last try to as
+# many after its TIMEOUT (our clock against Slack's), read newest first, at most
+# LOOKUP_PAGES pages of LOOKUP_PAGE.
 LOOKUP_SKEW = 60
 LOOKUP_PAGE = 200
 LOOKUP_PAGES = 5
@@ -101,8 +102,8 @@ def check_channels_are_ids(app_configs, **kwargs) -> list[checks.Warning]:
         return []
     return [
         checks.Warning(
-            f"Slack channel given by name ({', '.join(names)}): a post whose answer was "
-            "lost cannot be found in the channel's history, and may be posted twice.",
+            f"Slack channel not given by its id ({', '.join(names)}): a post whose answer "
+            "was lost cannot be found in the channel's history, and may be posted twice.",
             hint="Give the channel's id instead (in Slack: the channel's details, About, "
             "at the bottom; it looks like C0123ABCD).",
             id="startsafe.W002",
@@ -375,6 +376,8 @@ class SlackReport:
     deferred: int = 0
     # Posts whose answer was lost, found in the channel's history and not posted again.
     found: int = 0
+    # Rows whose lease passed before this sender called Slack: another one holds them.
+    lost: int = 0
 
 
 def claim_due_messages(now: datetime) -> list[SlackMessage]:
@@ -404,9 +407,12 @@ def send_slack_messages(now: datetime) -> SlackReport:
        given by name) lets the row be posted as before, with a warning.
     3. A row without ``ts`` whose effect no longer awaits approval is not news:
        ``obsolete``, not posted. Any other row without ``ts`` is posted
-       (chat.postMessage, its row named in the message's metadata), ``post_tried_at``
-       saved before the call; the answer's channel and ts are saved at once,
-       whoever holds the claim, so it is never posted again. A row with ``ts`` is
+       (chat.postMessage, its effect and purpose named in the message's metadata),
+       by this sender only if it still holds the row (``_still_held``: the lease
+       renewed and ``post_tried_at`` saved in one statement before the call; a lease
+       that passed mid-batch leaves the row to the sender that claimed it since);
+       the answer's channel and ts are saved at once, whoever holds the claim, so
+       it is never posted again. A row with ``ts`` is
        updated (chat.update).
     4. A 429 puts this row and the rest of the batch back until its Retry-After
        passes, without counting a try: Slack limits the app, not one message.
@@ -426,6 +432,9 @@ def send_slack_messages(now: datetime) -> SlackReport:
         done = "updated"
         try:
             if not row.ts and row.post_tried_at is not None:
+                if not _still_held(row, now):
+                    report.lost += 1  # its lease passed: another sender holds it now
+                    continue
                 found = find_posted(client, row, warned)
                 if found is not None:
                     row.channel, row.ts, shown = found
@@ -436,18 +445,18 @@ def send_slack_messages(now: datetime) -> SlackReport:
             if not row.ts and effect.status != EffectStatus.AWAITING_APPROVAL:
                 # Decided before its message went out: no longer news (as e-mail's
                 # _still_news). Should it await approval again, it is posted then.
+                # A post tried before was just looked up and is not there: asked
+                # again one day, the row is posted with no lookup of that old try.
                 SlackMessage.objects.filter(pk=row.pk, claim=row.claim).update(
-                    status=OutboxStatus.OBSOLETE, shown_revision=effect.revision
+                    status=OutboxStatus.OBSOLETE, shown_revision=effect.revision, post_tried_at=None
                 )
                 report.skipped += 1
                 continue
             if not row.ts:
                 done = "posted"
-                if row.post_tried_at is None:
-                    row.post_tried_at = now
-                    SlackMessage.objects.filter(pk=row.pk, post_tried_at__isnull=True).update(
-                        post_tried_at=now
-                    )
+                if not _still_held(row, now, posting=True):
+                    report.lost += 1
+                    continue
                 answer = client.chat_postMessage(
                     channel=row.channel, text=text, blocks=blocks, metadata=metadata(row, effect)
                 )
@@ -493,12 +502,44 @@ def send_slack_messages(now: datetime) -> SlackReport:
     return report
 
 
+def _still_held(row: SlackMessage, now: datetime, *, posting: bool = False) -> bool:
+    """Renew this sender's lease on ``row`` just before it calls Slack for it; False
+    when the lease passed and another sender claimed the row (it is theirs now: a
+    post by both would be two messages). With ``posting``, the time of the post is
+    saved in the same statement, before the call (``post_tried_at``: the lookup's
+    window, should its answer be lost). The real clock: a batch takes time, and
+    Slack's ``ts`` is real time; the lease never ends before the run's clock says."""
+    real_now = timezone.now()
+    changes = {"due_at": max(now, real_now) + timedelta(seconds=_conf("NOTIFY_LEASE"))}
+    if posting:
+        changes["post_tried_at"] = row.post_tried_at = real_now
+    held = SlackMessage.objects.filter(pk=row.pk, claim=row.claim, status=OutboxStatus.SENDING)
+    return held.update(**changes) == 1
+
+
 def metadata(row: SlackMessage, effect: Effect) -> dict:
-    """The message metadata a post carries: its row, and the effect's revision shown."""
+    """The message metadata a post carries: the effect and purpose it is the message
+    of (one row each; globally unique, unlike the row's id, which another install
+    posting to the same channel could share), its row, and the revision it shows."""
     return {
         "event_type": EVENT_TYPE,
-        "event_payload": {"message_id": str(row.pk), "revision": effect.revision},
+        "event_payload": {
+            "effect_id": str(effect.pk),
+            "purpose": row.purpose,
+            "message_id": str(row.pk),
+            "revision": effect.revision,
+        },
     }
+
+
+def _is_post_of(message: dict, row: SlackMessage) -> bool:
+    meta = message.get("metadata") or {}
+    payload = meta.get("event_payload") or {}
+    return (
+        meta.get("event_type") == EVENT_TYPE
+        and payload.get("effect_id") == str(row.effect_id)
+        and payload.get("purpose") == row.purpose
+    )
 
 
 class LookupUnsettled(Exception):
@@ -510,21 +551,25 @@ def find_posted(client: WebClient, row: SlackMessage, warned: set[str]):
     """Where an earlier post of ``row`` is in Slack: (channel, ts, the revision it
     showed), or None when no post of it is there.
 
-    The channel's history since ``LOOKUP_SKEW`` seconds before the row's first try,
-    with every message's metadata (conversations.history, ``include_all_metadata``),
-    newest first, page by page up to ``LOOKUP_PAGES``; a message whose metadata names
-    this row is its post. A channel given by name, or an app without the history
-    scopes (``missing_scope``) or outside the channel (``not_in_channel``), cannot
-    look: None (the row is posted, at the old risk of a second message), with a
-    warning once per run. Any other failure raises (a failed try, or a 429)."""
+    The channel's history around the row's last post (``post_tried_at``, saved before
+    it): from ``LOOKUP_SKEW`` seconds before to the call's ``TIMEOUT`` and the skew
+    after, with every message's metadata (conversations.history,
+    ``include_all_metadata``), newest first, page by page up to ``LOOKUP_PAGES``; a
+    message whose metadata names the row's effect and purpose is its post. A channel
+    given by name, or an app without the history scopes (``missing_scope``) or
+    outside the channel (``not_in_channel``), cannot look: None (the row is posted,
+    at the old risk of a second message), with a warning once per run. Any other
+    failure raises (a failed try, or a 429)."""
     cannot = "" if CHANNEL_ID.fullmatch(row.channel) else "channel_given_by_name"
-    oldest = f"{row.post_tried_at.timestamp() - LOOKUP_SKEW:.6f}"
+    tried = row.post_tried_at.timestamp()
+    oldest, latest = f"{tried - LOOKUP_SKEW:.6f}", f"{tried + TIMEOUT + LOOKUP_SKEW:.6f}"
     cursor = None
     for _ in range(LOOKUP_PAGES if not cannot else 0):
         try:
             page = client.conversations_history(
                 channel=row.channel,
                 oldest=oldest,
+                latest=latest,
                 include_all_metadata=True,
                 limit=LOOKUP_PAGE,
                 cursor=cursor,
@@ -535,10 +580,9 @@ def find_posted(client: WebClient, row: SlackMessage, warned: set[str]):
                 raise
             break
         for message in page.get("messages") or []:
-            meta = message.get("metadata") or {}
-            payload = meta.get("event_payload") or {}
-            if meta.get("event_type") == EVENT_TYPE and payload.get("message_id") == str(row.pk):
-                return row.channel, message["ts"], payload.get("revision")
+            if _is_post_of(message, row):
+                revision = (message["metadata"].get("event_payload") or {}).get("revision")
+                return row.channel, message["ts"], revision
         cursor = (page.get("response_metadata") or {}).get("next_cursor")
         if not cursor:
             return None
@@ -587,6 +631,7 @@ def sync_slack(now: datetime | None = None) -> SlackReport:
         "failures": report.failures,
         "deferred": report.deferred,
         "found": report.found,
+        "lost": report.lost,
     }
     logger.info(kv("slack", **counts, duration=f"{duration:.4f}"))
     error = "Slack refused or failed" if report.failures else ""

@@ -7,6 +7,8 @@ client pointed at it.
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -17,7 +19,15 @@ from django.utils import timezone
 
 from approvals.decisions import approve_effect, reject_effect
 from approvals.models import SlackMessage
-from approvals.slack import CHANGES_A_MESSAGE, changes_a_message, enqueue_sync, sync_slack
+from approvals.slack import (
+    CHANGES_A_MESSAGE,
+    changes_a_message,
+    claim_due_messages,
+    collect_slack_messages,
+    enqueue_sync,
+    send_slack_messages,
+    sync_slack,
+)
 from runs.audit import SYSTEM, record_event
 from runs.models import AuditEvent, Effect, TaskState
 from startsafe.settings import _slack_settings
@@ -227,11 +237,18 @@ def test_a_post_whose_answer_was_lost_is_found_by_its_metadata_and_not_posted_ag
 
     assert first.failures == 1 and first.posted == 0
     row = SlackMessage.objects.get()
-    assert (row.ts, row.tries, row.post_tried_at) == ("", 1, now)
+    assert (row.ts, row.tries) == ("", 1)
+    # Stamped on the real clock just before the post: the lookup's window.
+    assert now <= row.post_tried_at <= timezone.now()
     (lost,) = by_id.messages(CHANNEL_ID)
     assert lost["metadata"] == {
         "event_type": "startsafe_approval",
-        "event_payload": {"message_id": str(row.pk), "revision": effect.revision},
+        "event_payload": {
+            "effect_id": str(effect.pk),
+            "purpose": "approval",
+            "message_id": str(row.pk),
+            "revision": effect.revision,
+        },
     }
 
     again = sync_slack(now + timedelta(seconds=3))
@@ -241,7 +258,9 @@ def test_a_post_whose_answer_was_lost_is_found_by_its_metadata_and_not_posted_ag
     assert len(by_id.made("chat.postMessage")) == 1 and by_id.made("chat.update") == []
     (look,) = by_id.made("conversations.history")
     assert look["channel"] == CHANNEL_ID and look["include_all_metadata"] in ("1", "true")
-    assert float(look["oldest"]) == pytest.approx(now.timestamp() - 60)
+    tried = row.post_tried_at.timestamp()
+    assert float(look["oldest"]) == pytest.approx(tried - 60)
+    assert float(look["latest"]) == pytest.approx(tried + 10 + 60)  # TIMEOUT + the skew
     row.refresh_from_db()
     assert (row.status, row.channel, row.ts, row.tries) == ("sent", CHANNEL_ID, lost["ts"], 0)
     assert row.shown_revision == effect.revision
@@ -492,3 +511,83 @@ def test_the_system_checks_warn_about_a_channel_given_by_name(slack, settings):
     }
     assert warnings() == []
     call_command("check")  # a warning never stops the start
+
+
+def test_a_row_whose_lease_passed_mid_batch_is_left_to_the_sender_that_took_it(
+    agent, operator, by_id: FakeSlack, monkeypatch
+):
+    _awaiting(agent, 1)
+    now = timezone.now()
+    collect_slack_messages(now)
+    held_by_a = claim_due_messages(now)  # sender A claims it, then is slow
+    # Past the lease (NOTIFY_LEASE, 120 s), sender B claims the same row and posts it.
+    assert send_slack_messages(now + timedelta(seconds=130)).posted == 1
+    monkeypatch.setattr("approvals.slack.claim_due_messages", lambda now: held_by_a)
+
+    late = send_slack_messages(now)  # A goes on with the row it held
+
+    assert (late.posted, late.lost) == (0, 1)
+    assert len(by_id.messages(CHANNEL_ID)) == 1 and len(by_id.made("chat.postMessage")) == 1
+    assert SlackMessage.objects.get().status == "sent"
+
+
+def test_a_lost_post_decided_since_and_asked_again_is_posted_with_no_stale_lookup(
+    agent, operator, by_id: FakeSlack, monkeypatch
+):
+    # A lookup that cannot settle is a failed try: a stale one would fail forever.
+    monkeypatch.setattr("approvals.slack.LOOKUP_PAGE", 1)
+    monkeypatch.setattr("approvals.slack.LOOKUP_PAGES", 1)
+    effect = _awaiting(agent, 1)
+    by_id.drop_next("chat.postMessage", done=False)  # it never reached Slack
+    now = timezone.now()
+    assert sync_slack(now).failures == 1
+    reject_effect(operator, effect.pk, args_hash=effect.args_hash, note="Wrong amount.")
+    # Looked up, not there, no longer news: obsolete, its old try forgotten.
+    assert sync_slack(now + timedelta(seconds=3)).skipped == 1
+    assert SlackMessage.objects.get().post_tried_at is None
+    _awaiting(agent, 2)
+    _awaiting(agent, 3)
+    sync_slack(now + timedelta(seconds=4))  # the channel busier than a page
+    again = send(
+        agent, effect.run, tool="refund", args={"order": 1, "amount": 60}, key="refund:1",
+        key_source="intent", needs_approval=True, now=timezone.now(),
+    ).effect  # fmt: skip
+    assert again.status == "awaiting_approval"
+    looked = len(by_id.made("conversations.history"))
+
+    assert sync_slack(now + timedelta(seconds=5)).posted == 1
+
+    assert len(by_id.made("conversations.history")) == looked  # no lookup this time
+    row = SlackMessage.objects.get(effect=effect)
+    assert row.status == "sent" and row.ts
+    assert len(by_id.messages(CHANNEL_ID)) == 3
+
+
+def test_a_message_of_another_install_naming_the_same_row_id_is_not_taken_for_ours(
+    agent, operator, by_id: FakeSlack
+):
+    effect = _awaiting(agent, 1)
+    by_id.drop_next("chat.postMessage", done=False)  # ours never reached Slack
+    now = timezone.now()
+    sync_slack(now)
+    row = SlackMessage.objects.get()
+    # Staging posting to the same channel: its row has our row's id, for another effect.
+    foreign = {"message_id": str(row.pk), "effect_id": str(uuid.uuid4())}
+    by_id.history.setdefault(CHANNEL_ID, []).append(
+        {
+            "type": "message",
+            "ts": f"{time.time():.6f}",
+            "text": "another install's approval",
+            "metadata": {
+                "event_type": "startsafe_approval",
+                "event_payload": {**foreign, "purpose": "approval", "revision": 1},
+            },
+        }
+    )
+
+    again = sync_slack(now + timedelta(seconds=3))
+
+    assert (again.found, again.posted) == (0, 1)
+    row.refresh_from_db()
+    ours = [m for m in by_id.messages(CHANNEL_ID) if m["ts"] == row.ts]
+    assert ours and ours[0]["metadata"]["event_payload"]["effect_id"] == str(effect.pk)
