@@ -28,7 +28,8 @@ HISTORY_PERMISSION = "approvals.view_history"
 # its cost stays flat however long the backlog grows; the nav counts give the total.
 # Each row carries its action forms, and Django's templates render one in ~0.5-1 ms:
 # 100 rows (50/25/25) made the page's p99 256 ms at the bench's scale, over the
-# 150 ms target (docs/performance.md); 55 rows halve the render. A screen of 25
+# 150 ms target; 55 rows halve the page (92 -> 47 ms in-process, docs/performance.md,
+# p99 112 ms in make bench). A screen of 25
 # deadlines is what an operator works through before the page refreshes; "Show
 # more" (``?more=1``) raises each section to QUEUE_MORE_LIMIT for a long list.
 QUEUE_LIMITS = {"awaiting": 25, "stopped": 15, "unknown": 15}

@@ -64,7 +64,8 @@ def test_the_floor_sends_startsafes_requests_one_read_and_two_per_effect(baselin
     assert calls == [9, 9]
     # The read's request in its step, an effect's two in its; all nine in the agent.
     assert len(steps) == 4
-    assert DELAY * 1000 <= steps[0] < 2 * DELAY * 1000 <= min(steps[1:])
+    # Lower bounds only: a shared machine can make any request slower, never faster.
+    assert steps[0] >= DELAY * 1000 and min(steps[1:]) >= 2 * DELAY * 1000
     assert ms >= 9 * DELAY * 1000
     # The load phase's ids, in turn.
     assert baseline[:4] == ["/baseline/id-a", "/baseline/id-b", "/baseline/id-c", "/baseline/id-a"]
