@@ -90,6 +90,29 @@ class Notification(models.Model):
         return f"{self.kind} {self.status}: {self.line}"
 
 
+class NotificationEmail(models.Model):
+    """A notification's e-mail went to this address (approvals/notifications.py).
+
+    Written right after that address's message was taken, so a retry after a failure
+    part-way (the SMTP server dropped after 3 of 5 messages) sends only to the
+    addresses still missing: nobody gets the same news twice.
+    """
+
+    notification = models.ForeignKey(Notification, on_delete=models.CASCADE, related_name="+")
+    address = models.CharField(max_length=254)
+    sent_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["notification", "address"], name="one_email_per_notification_and_address"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.notification_id} e-mailed to {self.address}"
+
+
 # --- Operators where they are: signed e-mail links, escalation ---------------------
 
 

@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from approvals.decisions import can_decide
 from approvals.links import LABELS, actions_for, link_path, make_token
-from approvals.models import Notification, NotificationKind
+from approvals.models import Notification, NotificationEmail, NotificationKind
 from approvals.outbox import claim_due
 from runs.models import (
     AuditEvent,
@@ -311,24 +311,80 @@ def compose(
     return summary, body, payload
 
 
-def _emails(rows: list[Notification], now: datetime) -> list[EmailMessage]:
+def _emails(
+    rows: list[Notification], now: datetime, sent: set[tuple[int, str]] = frozenset()
+) -> list[tuple[str, list[Notification], EmailMessage]]:
     """One message per recipient: the operators get the news, the escalation group
-    the escalations (an address in both gets one message with both)."""
+    the escalations (an address in both gets one message with both). ``sent`` holds
+    the (row, address) pairs that already went: an address gets only the rows it has
+    not had, and no message when it has had them all."""
     news = [r for r in rows if r.kind != NotificationKind.ESCALATED]
     escalated = [r for r in rows if r.kind == NotificationKind.ESCALATED]
     per_address: dict[str, list[Notification]] = {}
     for addresses, share in ((operator_emails(), news), (escalation_emails(), escalated)):
-        if not share:
-            continue
         for address in addresses:
-            per_address.setdefault(address, []).extend(share)
+            missing = [r for r in share if (r.pk, address) not in sent]
+            if missing:
+                per_address.setdefault(address, []).extend(missing)
     users = deciders_by_email(list(per_address))
     messages = []
     for address, own in per_address.items():
         own.sort(key=lambda row: row.pk)
         subject, body, _ = compose(own, users.get(address), now)
-        messages.append(EmailMessage(subject, body, to=[address]))
+        messages.append((address, own, EmailMessage(subject, body, to=[address])))
     return messages
+
+
+def _email_error(exc: Exception) -> str:
+    return f"e-mail: {type(exc).__name__}: {exc}"[:500]
+
+
+def _send_emails(rows: list[Notification], now: datetime, report: SendReport) -> dict[int, str]:
+    """E-mail the rows, each address's message on its own, on one connection.
+
+    Each message that went is recorded at once as (row, address) pairs
+    (``NotificationEmail``), so a retry sends only to the addresses still missing.
+    A failed message does not stop the others: a refused address must not hold back
+    everyone after it on every retry (after a dropped connection the rest fail fast,
+    and go on the next try). Returns the error of each row some address missed.
+    """
+    sent = set(
+        NotificationEmail.objects.filter(notification__in=[r.pk for r in rows]).values_list(
+            "notification_id", "address"
+        )
+    )
+    emails = _emails(rows, now, sent)
+    errors: dict[int, str] = {}
+    if not emails:
+        return errors
+    connection = get_connection()
+    failed, first_error = 0, ""
+    try:
+        connection.open()
+    except Exception as exc:  # nothing went
+        failed, first_error = len(emails), _email_error(exc)
+        errors = {row.pk: first_error for _, own, _ in emails for row in own}
+        emails = []
+    try:
+        for address, own, message in emails:
+            try:
+                report.emails += connection.send_messages([message]) or 0
+            except Exception as exc:
+                error = _email_error(exc)
+                failed, first_error = failed + 1, first_error or error
+                for row in own:
+                    errors.setdefault(row.pk, error)
+                continue
+            NotificationEmail.objects.bulk_create(
+                [NotificationEmail(notification=row, address=address, sent_at=now) for row in own],
+                ignore_conflicts=True,
+            )
+    finally:
+        connection.close()
+    if failed:
+        report.email_failures += failed
+        logger.warning(kv("notify_email_failed", messages=failed, error=first_error))
+    return errors
 
 
 def send_pending_notifications(now: datetime | None = None) -> SendReport:
@@ -336,10 +392,12 @@ def send_pending_notifications(now: datetime | None = None) -> SendReport:
 
     1. Claim the due rows (compare-and-set, with a lease).
     2. Drop approval news about effects decided meanwhile.
-    3. One e-mail for the rows not yet e-mailed; one POST for those not yet posted.
-    4. A row is ``sent`` when every channel took it; otherwise it goes back to
-       ``pending`` with back-off (the channel that worked is not repeated), and is
-       given up after ``NOTIFY_MAX_TRIES``.
+    3. One e-mail per address for the rows it has not had yet; one POST for the rows
+       not yet posted.
+    4. A row is ``sent`` when every channel took it (for e-mail: every address it is
+       meant for); otherwise it goes back to ``pending`` with back-off (a channel or
+       an address that took it is not repeated), and is given up after
+       ``NOTIFY_MAX_TRIES``.
     """
     now = now or timezone.now()
     report = SendReport()
@@ -357,25 +415,14 @@ def send_pending_notifications(now: datetime | None = None) -> SendReport:
     errors: dict[int, str] = {}
     to_mail = [r for r in rows if r.email_done_at is None]
     if to_mail:
-        emails = _emails(to_mail, now)
-        error = ""
-        if emails:
-            # One connection for all; a failure retries the batch for everyone (a
-            # recipient whose message went may get it again: better than never).
-            try:
-                report.emails += get_connection().send_messages(emails) or 0
-            except Exception as exc:
-                error = f"e-mail: {type(exc).__name__}: {exc}"[:500]
-                report.email_failures += 1
-                logger.warning(kv("notify_email_failed", rows=len(to_mail), error=error))
-        if error:
-            for row in to_mail:
-                errors[row.pk] = error
-        else:
-            # No recipients is done too: nobody to tell is not a reason to retry.
-            Notification.objects.filter(pk__in=[r.pk for r in to_mail]).update(email_done_at=now)
-            for row in to_mail:
-                row.email_done_at = now
+        # Each address once per row: what went is recorded message by message, and a
+        # retry sends only what an address has not had.
+        errors.update(_send_emails(to_mail, now, report))
+        # No recipients is done too: nobody to tell is not a reason to retry.
+        mailed = [r for r in to_mail if r.pk not in errors]
+        Notification.objects.filter(pk__in=[r.pk for r in mailed]).update(email_done_at=now)
+        for row in mailed:
+            row.email_done_at = now
 
     url = _conf("NOTIFY_WEBHOOK_URL")
     to_post = [r for r in rows if r.webhook_done_at is None]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from smtplib import SMTPRecipientsRefused, SMTPServerDisconnected
 
 import pytest
 from django.core import mail
+from django.core.mail.backends.locmem import EmailBackend as LocmemBackend
 from django.db import transaction
 
-from approvals.models import Notification
+from approvals.models import Notification, NotificationEmail
 from approvals.notifications import (
     collect_notifications,
     notify,
@@ -207,3 +209,67 @@ def test_rows_claimed_by_a_sender_are_not_sent_twice_until_its_lease_passes(agen
 
     assert send_pending_notifications(now=later(3)).claimed == 0
     assert send_pending_notifications(now=later(3 + 200)).emails == 1
+
+
+class DropsAfterTwo(LocmemBackend):
+    """An SMTP server that drops the connection after two messages: every later
+    message on it fails."""
+
+    def send_messages(self, messages):
+        self.taken = getattr(self, "taken", 0) + 1
+        if self.taken > 2:
+            raise SMTPServerDisconnected("Connection unexpectedly closed")
+        return super().send_messages(messages)
+
+
+class RefusesBob(LocmemBackend):
+    def send_messages(self, messages):
+        if messages[0].to == ["bob@example.com"]:
+            raise SMTPRecipientsRefused({"bob@example.com": (550, b"no such user")})
+        return super().send_messages(messages)
+
+
+FIVE = [f"{name}@example.com" for name in ("ann", "bob", "cat", "dan", "eve")]
+
+
+def _one_effect_news_for_five(agent, settings, backend) -> None:
+    settings.STARTSAFE = {**settings.STARTSAFE, "NOTIFY_EMAILS": FIVE}
+    settings.EMAIL_BACKEND = f"{__name__}.{backend.__name__}"
+    run = start_run(agent, "job", heartbeat_timeout=3600, now=T0).run
+    _awaiting(agent, run, 1)
+
+
+@pytest.mark.django_db
+def test_a_connection_dropped_part_way_sends_the_rest_once_and_nobody_twice(agent, settings):
+    _one_effect_news_for_five(agent, settings, DropsAfterTwo)
+
+    first = notify(now=later(5))
+
+    assert [m.to for m in mail.outbox] == [["ann@example.com"], ["bob@example.com"]]
+    assert (first.emails, first.email_failures, first.sent) == (2, 3, 0)
+    row = Notification.objects.get()
+    assert (row.status, row.tries, row.email_done_at) == ("pending", 1, None)
+    assert "SMTPServerDisconnected" in row.last_error
+    assert sorted(NotificationEmail.objects.values_list("address", flat=True)) == FIVE[:2]
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    second = notify(now=later(60))
+
+    assert sorted(m.to[0] for m in mail.outbox) == FIVE  # each address once
+    assert [m.to for m in mail.outbox[2:]] == [[a] for a in FIVE[2:]]
+    assert (second.emails, second.email_failures, second.sent) == (3, 0, 1)
+    assert Notification.objects.get().status == "sent"
+    assert notify(now=later(120)).emails == 0
+
+
+@pytest.mark.django_db
+def test_a_refused_address_does_not_hold_back_the_others(agent, settings):
+    _one_effect_news_for_five(agent, settings, RefusesBob)
+
+    notify(now=later(5))
+    notify(now=later(60))  # bob still refused: only his message is tried again
+
+    assert sorted(m.to[0] for m in mail.outbox) == [a for a in FIVE if a != "bob@example.com"]
+    row = Notification.objects.get()
+    assert (row.status, row.tries) == ("pending", 2)
+    assert "SMTPRecipientsRefused" in row.last_error
