@@ -427,44 +427,8 @@ def send_slack_messages(now: datetime) -> SlackReport:
     # Why a lookup could not be made, each logged once per run.
     warned: set[str] = set()
     for index, row in enumerate(rows):
-        effect = row.effect
-        text, blocks = render_message(effect, row.purpose)
-        done = "updated"
         try:
-            if not row.ts and row.post_tried_at is not None:
-                if not _still_held(row, now):
-                    report.lost += 1  # its lease passed: another sender holds it now
-                    continue
-                found = find_posted(client, row, warned)
-                if found is not None:
-                    row.channel, row.ts, shown = found
-                    SlackMessage.objects.filter(pk=row.pk).update(channel=row.channel, ts=row.ts)
-                    logger.info(kv("slack_post_found", effect=row.effect_id, purpose=row.purpose))
-                    report.found += 1
-                    done = "found" if shown == effect.revision else "updated"
-            if not row.ts and effect.status != EffectStatus.AWAITING_APPROVAL:
-                # Decided before its message went out: no longer news (as e-mail's
-                # _still_news). Should it await approval again, it is posted then.
-                # A post tried before was just looked up and is not there: asked
-                # again one day, the row is posted with no lookup of that old try.
-                SlackMessage.objects.filter(pk=row.pk, claim=row.claim).update(
-                    status=OutboxStatus.OBSOLETE, shown_revision=effect.revision, post_tried_at=None
-                )
-                report.skipped += 1
-                continue
-            if not row.ts:
-                done = "posted"
-                if not _still_held(row, now, posting=True):
-                    report.lost += 1
-                    continue
-                answer = client.chat_postMessage(
-                    channel=row.channel, text=text, blocks=blocks, metadata=metadata(row, effect)
-                )
-                SlackMessage.objects.filter(pk=row.pk).update(
-                    channel=answer["channel"], ts=answer["ts"]
-                )
-            elif done == "updated":
-                client.chat_update(channel=row.channel, ts=row.ts, text=text, blocks=blocks)
+            shown = _deliver(client, row, now, warned, report)
         except SlackApiError as exc:
             if exc.response.status_code == 429:
                 wait = retry_after(exc.response)
@@ -480,26 +444,67 @@ def send_slack_messages(now: datetime) -> SlackReport:
             _failed(row, f"slack: {exc.response.get('error') or exc.response.status_code}", now)
             report.failures += 1
             continue
-        except OSError as exc:  # could not connect, timed out (urllib's errors)
-            _failed(row, f"slack: {type(exc).__name__}", now)
+        except (OSError, LookupUnsettled) as exc:  # OSError: could not connect, timed out
+            reason = type(exc).__name__ if isinstance(exc, OSError) else str(exc)
+            _failed(row, f"slack: {reason}", now)
             report.failures += 1
             continue
-        except LookupUnsettled as exc:
-            _failed(row, f"slack: {exc}", now)
-            report.failures += 1
-            continue
-        if done == "posted":
-            report.posted += 1
-        elif done == "updated":
-            report.updated += 1
-        SlackMessage.objects.filter(pk=row.pk, claim=row.claim, status=OutboxStatus.SENDING).update(
-            status=OutboxStatus.SENT,
-            shown_revision=effect.revision,
-            tries=0,
-            last_error="",
-            sent_at=now,
-        )
+        if shown:
+            SlackMessage.objects.filter(
+                pk=row.pk, claim=row.claim, status=OutboxStatus.SENDING
+            ).update(
+                status=OutboxStatus.SENT,
+                shown_revision=row.effect.revision,
+                tries=0,
+                last_error="",
+                sent_at=now,
+            )
     return report
+
+
+def _deliver(
+    client: WebClient, row: SlackMessage, now: datetime, warned: set[str], report: SlackReport
+) -> bool:
+    """Bring ``row``'s message in Slack up to its effect (steps 2 and 3 above),
+    counting what happened in ``report``; True when the message now shows the
+    effect (the row is sent). Slack's and the lookup's errors propagate."""
+    effect = row.effect
+    if not row.ts and row.post_tried_at is not None:
+        if not _still_held(row, now):
+            report.lost += 1
+            return False
+        found = find_posted(client, row, warned)
+        if found is not None:
+            row.channel, row.ts, shown = found
+            SlackMessage.objects.filter(pk=row.pk).update(channel=row.channel, ts=row.ts)
+            logger.info(kv("slack_post_found", effect=row.effect_id, purpose=row.purpose))
+            report.found += 1
+            if shown == effect.revision:
+                return True
+    if not row.ts and effect.status != EffectStatus.AWAITING_APPROVAL:
+        # Decided before its message went out: no longer news (as e-mail's
+        # _still_news). Should it await approval again, it is posted then. A post
+        # tried before was just looked up and is not there: asked again one day, the
+        # row is posted with no lookup of that old try.
+        SlackMessage.objects.filter(pk=row.pk, claim=row.claim).update(
+            status=OutboxStatus.OBSOLETE, shown_revision=effect.revision, post_tried_at=None
+        )
+        report.skipped += 1
+        return False
+    text, blocks = render_message(effect, row.purpose)
+    if row.ts:
+        client.chat_update(channel=row.channel, ts=row.ts, text=text, blocks=blocks)
+        report.updated += 1
+        return True
+    if not _still_held(row, now, posting=True):
+        report.lost += 1
+        return False
+    answer = client.chat_postMessage(
+        channel=row.channel, text=text, blocks=blocks, metadata=metadata(row, effect)
+    )
+    SlackMessage.objects.filter(pk=row.pk).update(channel=answer["channel"], ts=answer["ts"])
+    report.posted += 1
+    return True
 
 
 def _still_held(row: SlackMessage, now: datetime, *, posting: bool = False) -> bool:
