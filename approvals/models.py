@@ -187,9 +187,10 @@ class SlackMessage(models.Model):
     last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField()
     sent_at = models.DateTimeField(null=True, blank=True)
-    # When its first chat.postMessage was tried, saved before the call: from then on a
-    # row without ts may be in Slack already (the answer lost, the worker gone), so it
-    # is looked up in the channel's history since then before it is posted again.
+    # When its last chat.postMessage was tried, saved before the call: a row without
+    # ts may then be in Slack already (the answer lost, the worker gone), so it is
+    # looked up in the channel's history around that time before it is posted again.
+    # Cleared when the row goes obsolete (approvals/slack.py, _deliver).
     post_tried_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
